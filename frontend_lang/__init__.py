@@ -1,0 +1,1 @@
+"""The SGLang-compatible DSL for multi-call agent programs."""

@@ -1,0 +1,1 @@
+"""Constrained decoding: constraint compile and cache, token FSM, jump-forward, bitmasks."""

@@ -1,0 +1,1 @@
+"""Triton kernels, each beside its torch reference with the same signature."""

@@ -1,0 +1,1 @@
+"""Token-level radix tree of KV-cache pages with LRU eviction (pure Python, no torch)."""

@@ -1,0 +1,80 @@
+"""ServerArgs: every runtime knob, as one typed dataclass; CLI flags are derived from it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field carrying its CLI help text (and choices) as metadata."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class ServerArgs:
+    """Configuration shared by the Engine, the scheduler and the servers."""
+
+    model_path: str | None = _opt(
+        None, "Hugging Face checkpoint directory; empty = the built-in tiny checkpoint."
+    )
+    tokenizer_path: str | None = _opt(None, "Tokenizer directory; empty = model_path.")
+    dtype: str = _opt(
+        "auto",
+        "Weight and activation dtype. auto = bfloat16 on CUDA and on CPUs with fast bf16 "
+        "(avx512_bf16 or AMX), else float32.",
+        ("auto", "float32", "bfloat16", "float16"),
+    )
+    device: str = _opt("auto", "Device to run on. auto = cuda when available, else cpu.")
+    page_size: int = _opt(1, "KV-cache slots per page (1 = token-level pages).")
+    max_running_requests: int = _opt(64, "Most requests decoded together in one batch.")
+    max_total_tokens: int | None = _opt(
+        None,
+        "KV-cache capacity in tokens; empty = min(max_running_requests * context_length, "
+        "what kv_cache_memory_fraction of free memory holds).",
+    )
+    kv_cache_memory_fraction: float = _opt(
+        0.25, "Fraction of free memory (after weights) the KV cache may take when sized automatically."
+    )
+    context_length: int | None = _opt(
+        None, "Longest prompt + output in tokens; empty = the checkpoint's own limit."
+    )
+    attention_backend: str = _opt(
+        "auto", "Attention implementation. auto = torch (the only one so far).", ("auto", "torch")
+    )
+    random_seed: int = _opt(0, "Seed for requests that give no seed of their own.")
+    log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
+            raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """Add one `--flag` per field, with its type, default and help."""
+        for f in dataclasses.fields(ServerArgs):
+            kind = _scalar_type(f.type)
+            flag = "--" + f.name.replace("_", "-")
+            help_text = f"{f.metadata['help']} (default: {f.default})"
+            parser.add_argument(
+                flag, dest=f.name, type=kind, default=f.default,
+                choices=f.metadata.get("choices"), help=help_text,
+            )
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
+        """Build ServerArgs from a parsed namespace (extra attributes are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def _scalar_type(annotation: str) -> type:
+    """The CLI parse type of a field annotation such as `"int | None"`."""
+    base = annotation.split("|")[0].strip()
+    return {"int": int, "float": float}.get(base, str)

@@ -1,0 +1,1 @@
+"""Model execution: checkpoint loading, models, attention backends, runner, sampler."""

@@ -1,0 +1,15 @@
+"""Model implementations by family name (see ModelConfig.family)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from runtime.model.model_config import ModelConfig
+from runtime.model.models.llama import LlamaForCausalLM
+
+MODELS: dict[str, type[nn.Module]] = {"llama": LlamaForCausalLM}
+
+
+def model_class(cfg: ModelConfig) -> type[nn.Module]:
+    """The implementation for `cfg`'s architecture."""
+    return MODELS[cfg.family]

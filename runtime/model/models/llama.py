@@ -1,0 +1,131 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) as one decoder.
+
+Qwen2 differs by a bias on q/k/v, Qwen3 by RMSNorm on each head of q and k before RoPE;
+ModelConfig says which. q/k/v and gate/up are fused into single matmuls at load time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from runtime.model.forward_batch import ForwardBatch
+from runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from runtime.model.model_config import CheckpointError, ModelConfig
+
+
+class Attention(nn.Module):
+    """Self-attention: fused qkv projection, optional q/k norm, RoPE, paged attention."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer = layer
+        self.nq, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.nq + 2 * self.nkv) * self.hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.nq * self.hd, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.nq * self.hd, self.nkv * self.hd, self.nkv * self.hd], -1)
+        q = q.view(-1, self.nq, self.hd)
+        k = k.view(-1, self.nkv, self.hd)
+        v = v.view(-1, self.nkv, self.hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(batch.positions, q, k)
+        assert batch.attn_backend is not None, "ModelRunner sets the attention backend"
+        return self.o_proj(batch.attn_backend.forward(q, k, v, self.layer, batch))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks; the residual add is fused into the next norm."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer, rotary)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, batch)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """Embedding, decoder layers, final norm and LM head."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Final hidden states [T, hidden] of every new token."""
+        x = self.embed_tokens(batch.input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, batch)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [N, vocab] for hidden states [N, hidden]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return (hidden @ weight.T).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; every parameter
+        must be filled exactly once, or CheckpointError names what is missing or unknown."""
+        params = dict(self.named_parameters())
+        filled: dict[str, int] = {}
+        for hf_name, tensor in weights:
+            if "rotary_emb.inv_freq" in hf_name:
+                continue
+            if hf_name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied checkpoints may still ship a copy of the embedding
+            name, lo, hi = self._target(hf_name)
+            if name not in params:
+                raise CheckpointError(f"checkpoint tensor {hf_name!r} has no place in {type(self).__name__}")
+            dest = params[name].data
+            part = dest if lo is None else dest[lo:hi]
+            if part.shape != tensor.shape:
+                raise CheckpointError(f"{hf_name}: shape {tuple(tensor.shape)}, expected {tuple(part.shape)}")
+            part.copy_(tensor)
+            filled[name] = filled.get(name, 0) + part.shape[0]
+        missing = [n for n, p in params.items() if filled.get(n, 0) != p.shape[0]]
+        if missing:
+            raise CheckpointError(f"checkpoint lacks weights for {', '.join(missing[:5])}")
+
+    def _target(self, hf_name: str) -> tuple[str, int | None, int | None]:
+        """Our parameter name for an HF tensor, and the row range it fills in a fused one."""
+        name = hf_name.removeprefix("model.")
+        cfg = self.config
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        inter = cfg.intermediate_size
+        fused = {
+            "q_proj": ("qkv_proj", 0, q),
+            "k_proj": ("qkv_proj", q, q + kv),
+            "v_proj": ("qkv_proj", q + kv, q + 2 * kv),
+            "gate_proj": ("gate_up_proj", 0, inter),
+            "up_proj": ("gate_up_proj", inter, 2 * inter),
+        }
+        for part, (target, lo, hi) in fused.items():
+            if f".{part}." in name:
+                return name.replace(part, target), lo, hi
+        return name, None, None

@@ -1,0 +1,103 @@
+"""ModelRunner: owns the model, the KV memory and the attention backend; runs one step."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.config import ServerArgs
+from runtime.memory import KVPool, PageAllocator, ReqToTokenPool
+from runtime.model.attention import create_backend
+from runtime.model.forward_batch import ForwardBatch
+from runtime.model.loader import load_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LogitsOutput:
+    """next_token_logits [B, V] (float32); all_logits [T, V] when the batch asked for them."""
+
+    next_token_logits: torch.Tensor
+    all_logits: torch.Tensor | None = None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA and on CPUs with fast bf16 matmuls, else float32."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+
+
+def _cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+class ModelRunner:
+    """Loads the checkpoint, sizes and allocates the KV cache, and runs forward passes."""
+
+    def __init__(self, args: ServerArgs, model_path: str) -> None:
+        self.device = resolve_device(args.device)
+        self.dtype = resolve_dtype(args.dtype, self.device)
+        self.model, self.config = load_model(model_path, self.dtype, self.device)
+        cfg = self.config
+        self.context_len = min(args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        ps = args.page_size
+        table_width = -(-self.context_len // ps) * ps
+        num_slots = self._kv_slots(args)
+        self.kv_pool = KVPool(num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+        self.allocator = PageAllocator(num_slots, ps)
+        self.req_to_token = ReqToTokenPool(args.max_running_requests, table_width, self.device)
+        self.attn_backend = create_backend(
+            args.attention_backend, self.kv_pool, self.req_to_token, cfg.head_dim**-0.5
+        )
+        logger.info(
+            "loaded %s (%s, %s) on %s: KV cache %d tokens (%.1f MiB), context %d",
+            model_path, cfg.architecture, str(self.dtype).removeprefix("torch."), self.device,
+            self.allocator.total_slots, self.kv_pool.nbytes() / 2**20, self.context_len,
+        )
+
+    def _kv_slots(self, args: ServerArgs) -> int:
+        """KV capacity in slots, rounded to whole pages, plus the reserved page 0."""
+        ps = args.page_size
+        if args.max_total_tokens is not None:
+            tokens = args.max_total_tokens
+        else:
+            per_token = self.config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8)
+            budget = int(_free_memory_bytes(self.device) * args.kv_cache_memory_fraction)
+            tokens = min(args.max_running_requests * self.context_len, budget // per_token)
+        return (-(-tokens // ps) + 1) * ps
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> LogitsOutput:
+        """Run one step; logits of each request's last new token (and of all, if asked)."""
+        batch.attn_backend = self.attn_backend
+        self.attn_backend.init_forward_metadata(batch)
+        hidden = self.model(batch)
+        last = (batch.qo_indptr[1:] - 1).to(torch.int64)
+        if batch.return_all_logits:
+            all_logits = self.model.logits(hidden)
+            return LogitsOutput(all_logits[last], all_logits)
+        return LogitsOutput(self.model.logits(hidden[last]))
+
+
+def _free_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
