@@ -1,0 +1,58 @@
+"""SamplingParams: per-request generation settings, validated with messages that say what to change."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    """How one request generates. temperature 0 is greedy; top_k <= 0 and top_p 1 disable."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0,
+               f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
+        _check(_is_number(self.temperature) and self.temperature >= 0,
+               f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(isinstance(self.top_k, int), f"top_k must be an integer (<= 0 disables), got {self.top_k!r}")
+        _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
+        _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _check(isinstance(self.stop_token_ids, list) and all(isinstance(t, int) for t in self.stop_token_ids),
+               "stop_token_ids must be a list of integers")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
+        """Build from a request's sampling_params dict; unknown keys are an error."""
+        params = dict(params or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(params) - known)
+        _check(not unknown, f"unknown sampling parameter(s) {', '.join(unknown)}; "
+                            f"supported: {', '.join(sorted(known))}")
+        if params.get("stop_token_ids") is None:
+            params.pop("stop_token_ids", None)
+        return cls(**params)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
