@@ -84,7 +84,7 @@ def test_prompt_longer_than_context_is_rejected(tiny_model):
 
 
 def test_unknown_sampling_parameter_is_named():
-    with pytest.raises(ValueError, match="unknown sampling parameter.*frobnicate"):
+    with pytest.raises(ValueError, match=r"unknown sampling parameter.*frobnicate"):
         SamplingParams.from_dict({"frobnicate": 1})
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams.from_dict({"top_p": 0})
