@@ -94,7 +94,10 @@ class OfflineDriver:
 
     def _admit(self, waiting: deque[Sequence], running: list[Sequence]) -> list[Sequence]:
         ps = self.runner.allocator.page_size
-        pages_needed = lambda s: -(-s.max_len // ps)  # noqa: E731
+
+        def pages_needed(s: Sequence) -> int:
+            return -(-s.max_len // ps)
+
         promised = sum(pages_needed(s) - -(-s.seq_len // ps) for s in running)
         free = self.runner.allocator.available() // ps - promised
         admitted: list[Sequence] = []

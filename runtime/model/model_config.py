@@ -93,9 +93,9 @@ class ModelConfig:
                 qk_norm=arch in _QK_NORM_ARCHS,
                 eos_token_ids=_eos_ids(raw, Path(path)),
             )
+        except CheckpointError:
+            raise
         except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, CheckpointError):
-                raise
             raise CheckpointError(f"{path}/config.json: missing or malformed field {e}") from None
 
 
