@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
@@ -59,9 +60,16 @@ class RadixCache:
         self._roots: dict[str | None, TreeNode] = {None: self._new_root()}
         self._root_salts: dict[int, str] = {}
         self._detached = self._new_root()  # the last_node of a salt with nothing cached
-        # Lazy LRU heap of (last_access, uid, node); stale entries are skipped on pop.
-        self._heap: list[tuple[int, int, TreeNode]] = []
-        self._heap_limit = 1024
+        # Evictable leaves in LRU order, as (stamp, node) entries checked lazily when they
+        # reach the front: a leaf stamped now is appended to the `_recent_*` pair of queues
+        # (stamps only grow, so they stay sorted; two queues, not one of tuples, to spare an
+        # allocation per access); one that becomes evictable with an older stamp (unlocked,
+        # or its last child evicted) goes into the `_late` heap. An entry is live while its
+        # node is an unlocked leaf in the tree with that same stamp.
+        self._recent_stamps: deque[int] = deque()
+        self._recent_nodes: deque[TreeNode] = deque()
+        self._late: list[tuple[int, int, TreeNode]] = []
+        self._entry_limit = 1024
         self._num_nodes = 0
         self._evictable = 0
         self._protected = 0
@@ -85,7 +93,7 @@ class RadixCache:
         node, values, length = self._walk(root, key)
         stats.hit_tokens += length
         if not node.children and not node.lock_ref and node.parent is not None:
-            self._push(node)
+            self._touched(node)
         indices = array("i")
         for value in values:
             indices += value
@@ -119,7 +127,7 @@ class RadixCache:
             self._total += end - matched
             node = leaf
         if not node.children and not node.lock_ref and node.parent is not None:
-            self._push(node)
+            self._touched(node)
         return matched
 
     # ------------------------------------------------------------ lock, evict
@@ -148,21 +156,30 @@ class RadixCache:
         self._evictable += moved
         self._protected -= moved
         if bottom.parent is not None and not bottom.lock_ref and not bottom.children:
-            self._push(bottom)
+            self._became_evictable(bottom)
 
     def evict(self, num_tokens: int, free_fn: FreeFn) -> int:
         """Free least-recently-used unlocked leaves until `num_tokens` are freed or none is left.
 
         Calls `free_fn` once with all freed slot indices; returns how many were freed.
         """
-        heap = self._heap
+        stamps, nodes, late = self._recent_stamps, self._recent_nodes, self._late
         freed = 0
         slots = array("i")
-        while freed < num_tokens and heap:
-            stamp, _, node = heappop(heap)
+        while freed < num_tokens:
+            while nodes and not _live(stamps[0], nodes[0]):
+                stamps.popleft()
+                nodes.popleft()
+            while late and not _live(late[0][0], late[0][2]):
+                heappop(late)
+            if late and (not nodes or late[0][0] < stamps[0]):
+                node = heappop(late)[2]
+            elif nodes:
+                stamps.popleft()
+                node = nodes.popleft()
+            else:
+                break
             parent = node.parent
-            if parent is None or node.children or node.lock_ref or node.last_access != stamp:
-                continue  # stale entry: evicted, grew children, locked, or touched since
             slots += node.value
             freed += len(node.value)
             del parent.children[node.edge]
@@ -170,7 +187,7 @@ class RadixCache:
             self._num_nodes -= 1
             if not parent.children and not parent.lock_ref:
                 if parent.parent is not None:
-                    heappush(heap, (parent.last_access, parent.uid, parent))
+                    self._became_evictable(parent)
                 elif parent.uid in self._root_salts:
                     del self._roots[self._root_salts.pop(parent.uid)]
         self._evictable -= freed
@@ -223,7 +240,10 @@ class RadixCache:
         """Recount everything from the tree itself; raise RuntimeError on any mismatch."""
         evictable = protected = nodes = 0
         seen: set[int] = set()
-        live = {uid for stamp, uid, node in self._heap if node.last_access == stamp}
+        recent = list(zip(self._recent_stamps, self._recent_nodes))
+        _expect(list(self._recent_stamps) == sorted(self._recent_stamps), "recent LRU entries out of order")
+        tracked = {id(node) for stamp, node in recent if _live(stamp, node)}
+        tracked.update(id(node) for stamp, _, node in self._late if _live(stamp, node))
         for root in self._roots.values():
             stack = list(root.children.values())
             while stack:
@@ -243,7 +263,7 @@ class RadixCache:
                     protected += n
                 else:
                     evictable += n
-                    _expect(bool(node.children) or node.uid in live, f"{node!r}: evictable leaf missing from LRU heap")
+                    _expect(bool(node.children) or id(node) in tracked, f"{node!r}: evictable leaf not tracked")
                 stack.extend(node.children.values())
         _expect(nodes == self._num_nodes, f"node count {self._num_nodes} != {nodes}")
         _expect(evictable == self._evictable, f"evictable_size {self._evictable} != {evictable}")
@@ -311,23 +331,39 @@ class RadixCache:
         self._num_nodes += 1
         return prefix
 
-    def _push(self, node: TreeNode) -> None:
-        """Record that `node` is an evictable leaf as of its last access."""
-        heappush(self._heap, (node.last_access, node.uid, node))
-        if len(self._heap) > self._heap_limit:
-            self._compact_heap()
+    def _touched(self, node: TreeNode) -> None:
+        """An evictable leaf was just stamped now: it is the most recently used."""
+        self._recent_stamps.append(node.last_access)
+        self._recent_nodes.append(node)
+        if len(self._recent_nodes) > self._entry_limit:
+            self._compact()
 
-    def _compact_heap(self) -> None:
-        """Drop stale and duplicate heap entries; amortized O(1) per push."""
-        live = {}
-        for entry in self._heap:
-            stamp, uid, node = entry
-            if node.parent is not None and not node.children and not node.lock_ref and node.last_access == stamp:
-                live[uid] = entry
-        self._heap = list(live.values())
-        heapify(self._heap)
-        self._heap_limit = 2 * len(self._heap) + 1024
+    def _became_evictable(self, node: TreeNode) -> None:
+        """Track a leaf that just became evictable, keeping the LRU order exact."""
+        if node.last_access == self._clock:
+            self._touched(node)
+            return
+        heappush(self._late, (node.last_access, node.uid, node))
+        if len(self._late) > self._entry_limit:
+            self._compact()
 
+    def _compact(self) -> None:
+        """Drop dead and duplicate LRU entries in place; amortized O(1) per entry."""
+        pairs = zip(self._recent_stamps, self._recent_nodes)
+        recent = {id(node): (stamp, node) for stamp, node in pairs if _live(stamp, node)}
+        self._recent_stamps.clear()
+        self._recent_stamps.extend(stamp for stamp, _ in recent.values())
+        self._recent_nodes.clear()
+        self._recent_nodes.extend(node for _, node in recent.values())
+        late = {id(e[2]): e for e in self._late if _live(e[0], e[2]) and id(e[2]) not in recent}
+        self._late[:] = late.values()
+        heapify(self._late)
+        self._entry_limit = 2 * (len(self._recent_nodes) + len(self._late)) + 1024
+
+
+def _live(stamp: int, node: TreeNode) -> bool:
+    """Whether an LRU entry still names an evictable leaf as of that access."""
+    return node.parent is not None and not node.children and not node.lock_ref and node.last_access == stamp
 
 def _expect(ok: bool, message: str) -> None:
     if not ok:

@@ -149,12 +149,18 @@ def test_hit_statistics_count_queried_and_hit_tokens():
     assert cache.stats.queries == 0 and cache.total_size() == 0
 
 
-def test_lru_heap_stays_bounded_under_repeated_hits():
+def test_lru_bookkeeping_stays_bounded_under_lock_cycles():
     cache = RadixCache()
     cache.insert([1, 2], [1, 2])
-    for _ in range(10_000):
-        cache.match_prefix([1, 2])
-    assert len(cache._heap) <= cache._heap_limit <= 2048
+    cache.insert([3, 4], [3, 4])
+    for _ in range(5_000):
+        handle = cache.match_prefix([1, 2]).last_node
+        cache.lock(handle)
+        cache.match_prefix([3, 4])
+        cache.unlock(handle)  # an older stamp: tracked in the late heap
+    assert max(len(cache._recent_nodes), len(cache._late)) <= cache._entry_limit <= 2048
+    cache.check_integrity()
+    assert _freed(cache, 2) == [1, 2]
 
 
 def test_common_prefix_bytes_finds_first_mismatch():
