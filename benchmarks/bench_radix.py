@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "docs" / "benchmarks"
 VOCAB = 50_000
 EVICT_TOKENS = 10_000
-EVICT_REPEATS = 20
+EVICT_REPEATS = 40
 
 Op = tuple[str, list[int], int]  # ("match" | "insert", tokens, answer_len)
 

@@ -1,0 +1,131 @@
+"""Every message that crosses a process boundary, as tagged msgspec Structs (never pickle).
+
+Token ids travel as int32 bytes (`pack_ids` / `unpack_ids`): one memcpy each way, and the
+scheduler can use them as radix keys directly.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import msgspec
+
+from runtime.sampling_params import SamplingParams
+
+
+def pack_ids(ids: list[int] | array) -> bytes:
+    """Token ids as int32 bytes."""
+    return ids.tobytes() if isinstance(ids, array) else array("i", ids).tobytes()
+
+
+def unpack_ids(data: bytes) -> array:
+    """int32 bytes back to an `array('i')`."""
+    return array("i", data)
+
+
+class _Msg(msgspec.Struct, tag=True, kw_only=True):
+    """Base: the class name is the wire tag, so one Union decoder can route every type."""
+
+
+# ------------------------------------------------------------ front -> scheduler
+
+
+class TokenizedGenerateReq(_Msg):
+    """One generation request, tokenized. `n` samples share one prefill of the prompt."""
+
+    rid: str
+    input_ids: bytes
+    sampling: SamplingParams
+    n: int = 1
+    stream: bool = False
+    return_logprob: bool = False
+    cache_salt: str | None = None
+    stop: list[str] = []
+
+
+class AbortReq(_Msg):
+    """Stop a request by its exact rid and free its KV."""
+
+    rid: str
+
+
+class FlushCacheReq(_Msg):
+    """Drop every unlocked prefix from the radix cache."""
+
+
+class ShutdownReq(_Msg):
+    """Ask a process to exit its loop."""
+
+
+# ------------------------------------------------------ scheduler -> detokenizer
+
+
+class ReqOut(msgspec.Struct, kw_only=True):
+    """New tokens of one request in one step; `finish_reason` set on its last output."""
+
+    rid: str
+    new_ids: bytes
+    finish_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    logprobs: list[float] = []
+    stop: list[str] = []
+
+
+class BatchTokenOut(_Msg):
+    """Everything one scheduler step produced."""
+
+    outs: list[ReqOut]
+
+
+class Ready(_Msg):
+    """Start-up handshake: a process is up; `info` carries sizes the front door reports."""
+
+    process: str
+    info: dict[str, Any] = {}
+
+
+class ProcessError(_Msg):
+    """A child failed (at start-up or in its loop); the front door fails every waiter."""
+
+    process: str
+    message: str
+
+
+class Stats(_Msg):
+    """Scheduler counters for /metrics and tests (answer to a `StatsReq`)."""
+
+    values: dict[str, float]
+
+
+class StatsReq(_Msg):
+    """Ask the scheduler for its counters (it answers with `Stats` down the ring)."""
+
+
+# ------------------------------------------------------ detokenizer -> front door
+
+
+class TextOut(msgspec.Struct, kw_only=True):
+    """New text of one request: `text` is the increment, `output_ids` the new ids."""
+
+    rid: str
+    text: str
+    output_ids: list[int]
+    finish_reason: dict[str, Any] | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    logprobs: list[float] = []
+
+
+class BatchTextOut(_Msg):
+    """Detokenized outputs of one scheduler step."""
+
+    outs: list[TextOut]
+
+
+ToScheduler = TokenizedGenerateReq | AbortReq | FlushCacheReq | StatsReq | ShutdownReq
+ToDetokenizer = BatchTokenOut | Ready | ProcessError | Stats | ShutdownReq
+ToFront = BatchTextOut | Ready | ProcessError | Stats

@@ -1,0 +1,155 @@
+"""KVManager: who owns which KV slot, across the page allocator, the slot table and the radix tree."""
+
+from __future__ import annotations
+
+import logging
+from array import array
+
+import torch
+
+from radix import RadixCache
+from runtime.memory import PageAllocator, ReqToTokenPool, reserve_positions
+from runtime.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+
+def _ceil(n: int, page: int) -> int:
+    return -(-n // page) * page
+
+
+class KVManager:
+    """Attaches requests to KV (reusing the longest cached prefix), grows them, caches and frees.
+
+    Invariant: free + tree evictable + tree protected + private slots of attached requests
+    == total slots. `check()` verifies it.
+    """
+
+    def __init__(self, allocator: PageAllocator, req_to_token: ReqToTokenPool, tree: RadixCache | None) -> None:
+        self.allocator = allocator
+        self.req_to_token = req_to_token
+        self.tree = tree
+        self.page = allocator.page_size
+        self.attached: set[Req] = set()
+
+    # ------------------------------------------------------------- capacity
+
+    def available(self) -> int:
+        """Slots free now or after evicting every unlocked cached prefix."""
+        return self.allocator.available() + (self.tree.evictable_size() if self.tree else 0)
+
+    def pages_for(self, start: int, end: int) -> int:
+        """New slots (whole pages) that positions [start, end) of a request need."""
+        return _ceil(end, self.page) - _ceil(start, self.page)
+
+    def make_room(self, num_slots: int) -> bool:
+        """Evict cached prefixes until `num_slots` are free; whether that succeeded."""
+        short = num_slots - self.allocator.available()
+        if short > 0 and self.tree is not None:
+            self.tree.evict(short, self._free_array)
+        return self.allocator.available() >= num_slots
+
+    # ------------------------------------------------------------ lifecycle
+
+    def prefix_len(self, req: Req) -> int:
+        """Length of the cached prefix `req` would reuse (at least one token stays to compute)."""
+        if self.tree is None:
+            return 0
+        ids = req.fill_ids()
+        return self.tree.match_prefix(ids[: len(ids) - 1], req.cache_salt).length
+
+    def attach(self, req: Req) -> bool:
+        """Give `req` a slot-table row holding its cached prefix (locked); False if no row is free."""
+        row = self.req_to_token.alloc()
+        if row is None:
+            return False
+        req.row = row
+        matched = 0
+        if self.tree is not None:
+            ids = req.fill_ids()
+            match = self.tree.match_prefix(ids[: len(ids) - 1], req.cache_salt)
+            matched = match.length
+            if matched:
+                self.req_to_token.table[row, :matched] = torch.frombuffer(match.indices, dtype=torch.int32)
+            self.tree.lock(match.last_node)
+            req.last_node = match.last_node
+        if req.retractions == 0:
+            req.cached_tokens = matched
+        req.tree_len = req.kv_len = req.mapped_len = matched
+        self.attached.add(req)
+        return True
+
+    def reserve(self, reqs: list[Req], ends: list[int]) -> torch.Tensor | None:
+        """Slots for positions [kv_len, end) of each request (evicting as needed), or None."""
+        need = sum(self.pages_for(r.mapped_len, e) for r, e in zip(reqs, ends))
+        if not self.make_room(need):
+            return None
+        starts = [r.kv_len for r in reqs]
+        loc = reserve_positions(self.req_to_token, self.allocator, [r.row for r in reqs], starts, ends)
+        assert loc is not None, "make_room freed enough pages"
+        for r, e in zip(reqs, ends):
+            r.mapped_len = max(r.mapped_len, _ceil(e, self.page))
+        return loc
+
+    def cache_prefix(self, req: Req) -> None:
+        """Insert the KV computed so far into the tree and adopt the tree's slots for it."""
+        if self.tree is None:
+            return
+        aligned = self._insert(req)
+        ids = req.fill_ids()[:aligned]
+        match = self.tree.match_prefix(ids, req.cache_salt)
+        assert match.length == aligned, "a prefix just inserted is cached"
+        if aligned:
+            self.req_to_token.table[req.row, :aligned] = torch.frombuffer(match.indices, dtype=torch.int32)
+        self.tree.lock(match.last_node)
+        self.tree.unlock(req.last_node)
+        req.last_node = match.last_node
+        req.tree_len = aligned
+
+    def release(self, req: Req) -> None:
+        """Detach `req`: cache what it computed, free its private slots and its row."""
+        table = self.req_to_token.table
+        if self.tree is not None:
+            aligned = self._insert(req)
+            self.tree.unlock(req.last_node)
+        else:
+            aligned = 0
+        if req.mapped_len > aligned:
+            self.allocator.free_slots(table[req.row, aligned : req.mapped_len].to(torch.int64))
+        self.req_to_token.free(req.row)
+        self.attached.discard(req)
+        req.row, req.last_node = -1, None
+        req.tree_len = req.kv_len = req.mapped_len = 0
+
+    def _insert(self, req: Req) -> int:
+        """Insert [0, kv_len) into the tree; free this request's duplicates of spans the tree
+        already held. Returns the page-aligned length the tree now owns."""
+        assert self.tree is not None
+        n = req.kv_len
+        aligned = n - n % self.page
+        ids = req.fill_ids()[:n]
+        slots = array("i", self.req_to_token.table[req.row, :n].numpy().tobytes()) if n else array("i")
+        cached = self.tree.insert(ids, slots, req.cache_salt)
+        if cached > req.tree_len:
+            dup = self.req_to_token.table[req.row, req.tree_len : cached].to(torch.int64)
+            self.allocator.free_slots(dup)
+        return aligned
+
+    def _free_array(self, slots: array) -> None:
+        self.allocator.free_slots(torch.frombuffer(slots, dtype=torch.int32).to(torch.int64))
+
+    # ------------------------------------------------------------ integrity
+
+    def check(self) -> str | None:
+        """None when the slot invariant holds, else a message with the numbers."""
+        free = self.allocator.available()
+        evictable = self.tree.evictable_size() if self.tree else 0
+        protected = self.tree.protected_size() if self.tree else 0
+        private = sum(r.mapped_len - r.tree_len for r in self.attached)
+        total = self.allocator.total_slots
+        if free + evictable + protected + private != total:
+            return (f"KV slot leak: free {free} + evictable {evictable} + protected {protected} "
+                    f"+ private {private} = {free + evictable + protected + private} != total {total}")
+        if self.tree is not None:
+            self.tree.check_integrity()
+        return None

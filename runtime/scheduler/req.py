@@ -1,0 +1,62 @@
+"""Req: one request inside the scheduler, from waiting to finished."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from radix import TreeNode
+from runtime.sampling_params import SamplingParams
+
+
+@dataclass(eq=False)
+class Req:
+    """A request's tokens, sampling settings and KV bookkeeping.
+
+    KV of positions [0, tree_len) belongs to the radix tree (held by a lock on
+    `last_node`); positions [tree_len, mapped_len) map to private slots of this request.
+    Positions [0, kv_len) have K/V written.
+    """
+
+    rid: str
+    origin_ids: array
+    params: SamplingParams
+    stream: bool = False
+    return_logprob: bool = False
+    cache_salt: str | None = None
+    stop: list[str] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    arrival: int = 0  # admission order, for FCFS and anti-starvation
+    # KV state while running
+    row: int = -1
+    last_node: TreeNode | None = None
+    tree_len: int = 0
+    kv_len: int = 0
+    mapped_len: int = 0
+    cached_tokens: int = 0
+    prefix_matched: int = 0  # tree hit length at the last match, for LPM ordering
+    skipped: int = 0  # times a later request was admitted first
+    retractions: int = 0
+    sent_ids: int = 0  # output ids already sent down the ring
+    finish_reason: dict[str, Any] | None = None
+
+    @property
+    def seq_len(self) -> int:
+        """Prompt + output tokens."""
+        return len(self.origin_ids) + len(self.output_ids)
+
+    def fill_ids(self) -> array:
+        """Every token whose KV a prefill must produce: the prompt and, after a retraction,
+        the output so far."""
+        return self.origin_ids + array("i", self.output_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        """Still has tokens of the prompt (or of a recompute) without KV."""
+        return self.kv_len < self.seq_len - (1 if self.output_ids else 0)
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return max(self.params.max_new_tokens - len(self.output_ids), 0)
