@@ -44,6 +44,19 @@ class ServerArgs:
     attention_backend: str = _opt(
         "auto", "Attention implementation. auto = torch (the only one so far).", ("auto", "torch")
     )
+    chunked_prefill_size: int = _opt(
+        2048, "Longest prompt piece prefilled in one step; longer prompts are split and "
+        "interleaved with decode steps (0 = never split)."
+    )
+    max_prefill_tokens: int = _opt(8192, "Token budget of one prefill batch.")
+    schedule_policy: str = _opt(
+        "lpm", "Order of waiting requests: lpm = longest cached prefix first (cache-aware), "
+        "fcfs = arrival order.", ("lpm", "fcfs"),
+    )
+    schedule_max_skips: int = _opt(
+        16, "A waiting request passed over this many times goes first (no starvation under lpm)."
+    )
+    disable_radix_cache: bool = _opt(False, "Do not reuse KV of shared prefixes.")
     random_seed: int = _opt(0, "Seed for requests that give no seed of their own.")
     log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
 
@@ -52,6 +65,8 @@ class ServerArgs:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.chunked_prefill_size < 0 or self.max_prefill_tokens < 1:
+            raise ValueError("chunked_prefill_size must be >= 0 and max_prefill_tokens >= 1")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
 
@@ -59,9 +74,12 @@ class ServerArgs:
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         """Add one `--flag` per field, with its type, default and help."""
         for f in dataclasses.fields(ServerArgs):
-            kind = _scalar_type(f.type)
             flag = "--" + f.name.replace("_", "-")
             help_text = f"{f.metadata['help']} (default: {f.default})"
+            if f.type == "bool":
+                parser.add_argument(flag, dest=f.name, action="store_true", help=f.metadata["help"])
+                continue
+            kind = _scalar_type(f.type)
             parser.add_argument(
                 flag, dest=f.name, type=kind, default=f.default,
                 choices=f.metadata.get("choices"), help=help_text,

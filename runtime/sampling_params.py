@@ -17,6 +17,10 @@ class SamplingParams:
     top_k: int = -1
     min_p: float = 0.0
     seed: int | None = None
+    min_new_tokens: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
 
@@ -28,9 +32,21 @@ class SamplingParams:
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
         _check(isinstance(self.top_k, int), f"top_k must be an integer (<= 0 disables), got {self.top_k!r}")
         _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
+        _check(isinstance(self.min_new_tokens, int) and self.min_new_tokens >= 0,
+               f"min_new_tokens must be an integer >= 0, got {self.min_new_tokens!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            _check(_is_number(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {value!r}")
+        _check(_is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
+               f"repetition_penalty must be in (0, 2] (1 = off), got {self.repetition_penalty!r}")
         _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
         _check(isinstance(self.stop_token_ids, list) and all(isinstance(t, int) for t in self.stop_token_ids),
                "stop_token_ids must be a list of integers")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any repetition penalty is on."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1)
 
     @property
     def greedy(self) -> bool:

@@ -1,0 +1,1 @@
+"""The scheduler: Req, KV bookkeeping, policy, the step loop and its process."""

@@ -1,0 +1,282 @@
+"""Scheduler: continuous batching over the radix cache. One `step()` = pick, forward, process.
+
+A step runs a prefill batch when the policy and the KV budget admit one (but never two
+chunks of a long prompt in a row while others decode), else one decode step of every
+running request. The process loop around it lives in `runtime/scheduler/process.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from radix import RadixCache
+from runtime.config import ServerArgs
+from runtime.messages import ReqOut, TokenizedGenerateReq, pack_ids, unpack_ids
+from runtime.model.forward_batch import ForwardBatch, ForwardMode
+from runtime.model.penalties import apply_penalties, block_stop_tokens
+from runtime.model.runner import ModelRunner
+from runtime.model.sampler import Sampler, SamplingBatch
+from runtime.scheduler.kv_manager import KVManager
+from runtime.scheduler.policy import order_waiting
+from runtime.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.001
+
+
+class Scheduler:
+    """Owns the ModelRunner, the KV bookkeeping and the waiting / running queues."""
+
+    def __init__(self, args: ServerArgs, model_path: str) -> None:
+        self.args = args
+        self.runner = ModelRunner(args, model_path)
+        tree = None if args.disable_radix_cache else RadixCache(args.page_size)
+        self.tree = tree
+        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, tree)
+        self.sampler = Sampler(args.random_seed, self.runner.device)
+        self.eos_ids = list(self.runner.config.eos_token_ids)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []  # decoding
+        self.chunked: Req | None = None  # mid-prefill of a long prompt
+        self.last_was_chunk = False
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self._arrivals = 0
+        self.counters = {"prefill_steps": 0, "decode_steps": 0, "retractions": 0, "prompt_tokens": 0,
+                         "cached_tokens": 0, "generated_tokens": 0}
+
+    # -------------------------------------------------------------- intake
+
+    def add(self, msg: TokenizedGenerateReq) -> list[ReqOut]:
+        """Queue a request (n > 1: n requests); a request that can never fit ends at once."""
+        ids = unpack_ids(msg.input_ids)
+        context = self.runner.context_len
+        problem = None
+        if not ids:
+            problem = "the prompt is empty; give at least one token"
+        elif len(ids) >= context:
+            problem = f"prompt has {len(ids)} tokens but the context length is {context}; shorten it"
+        params = msg.sampling
+        cap = context - len(ids)
+        if params.max_new_tokens > cap and problem is None:
+            params.max_new_tokens = cap  # ends with finish reason "length" at the context limit
+        need = len(ids) + params.max_new_tokens
+        if problem is None and need > self.kv.allocator.total_slots:
+            problem = (f"request needs {need} KV slots (prompt + max_new_tokens) but the cache holds "
+                       f"{self.kv.allocator.total_slots}; lower max_new_tokens or raise max_total_tokens")
+        rids = [msg.rid] if msg.n == 1 else [f"{msg.rid}-{i}" for i in range(msg.n)]
+        if problem is not None:
+            reason = {"type": "abort", "message": problem}
+            return [ReqOut(rid=r, new_ids=b"", finish_reason=reason, prompt_tokens=len(ids)) for r in rids]
+        if params.max_new_tokens == 0:
+            reason = {"type": "length", "length": 0}
+            return [ReqOut(rid=r, new_ids=b"", finish_reason=reason, prompt_tokens=len(ids)) for r in rids]
+        for rid in rids:
+            self._arrivals += 1
+            self.waiting.append(Req(rid, ids, params, stream=msg.stream, return_logprob=msg.return_logprob,
+                                    cache_salt=msg.cache_salt, stop=list(msg.stop), arrival=self._arrivals))
+        return []
+
+    def abort(self, rid: str) -> list[ReqOut]:
+        """End the request with exactly this rid (or, for n > 1, its samples) and free its KV now."""
+        outs = []
+        for req in [r for r in self.waiting + self.running + [self.chunked] if r is not None]:
+            if req.rid == rid or req.rid.rsplit("-", 1)[0] == rid:
+                req.finish_reason = {"type": "abort", "message": "aborted"}
+                outs.append(self._finish(req))
+        return outs
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)
+
+    # ---------------------------------------------------------------- step
+
+    def step(self) -> list[ReqOut]:
+        """Run one forward pass (prefill if admitted, else decode) and return what it produced."""
+        batch = self._prefill_batch()
+        if batch:
+            return self._run_prefill(batch)
+        if self.running:
+            return self._run_decode()
+        return []
+
+    def _prefill_batch(self) -> list[tuple[Req, int]]:
+        """Requests to prefill now with the end position of each one's chunk."""
+        if self.last_was_chunk and self.running:
+            self.last_was_chunk = False
+            return []  # a decode step between two chunks of a long prompt
+        chunk_cap = self.args.chunked_prefill_size or self.runner.context_len
+        budget = self.args.max_prefill_tokens
+        reserved = sum(int(r.remaining_new_tokens * self.new_token_ratio) for r in self.running)
+        room = self.kv.available() - reserved
+        batch: list[tuple[Req, int]] = []
+        if self.chunked is not None:
+            req = self.chunked
+            end = min(req.seq_len, req.kv_len + min(chunk_cap, budget))
+            return [(req, end)]
+        order = order_waiting(self.waiting, self.args.schedule_policy, self.kv, self.args.schedule_max_skips)
+        for req in order:
+            if len(self.running) + len(batch) >= self.args.max_running_requests or budget <= 0:
+                break
+            fill = req.seq_len
+            prefix = self.kv.prefix_len(req)
+            end = min(fill, prefix + min(chunk_cap, budget))
+            future = int(req.remaining_new_tokens * self.new_token_ratio) if end == fill else 0
+            cost = self.kv.pages_for(prefix, end) + future
+            if cost > room and (batch or self.running):
+                break
+            if not self.kv.attach(req):
+                break
+            if req.retractions == 0:
+                self.counters["prompt_tokens"] += len(req.origin_ids)
+                self.counters["cached_tokens"] += req.cached_tokens
+            room -= cost
+            budget -= end - req.kv_len
+            batch.append((req, end))
+            if end < fill:
+                break  # a chunked prompt goes alone at the end of its batch
+        admitted = {id(r) for r, _ in batch}
+        for req in self.waiting:
+            if id(req) not in admitted and req.arrival < max((r.arrival for r, _ in batch), default=0):
+                req.skipped += 1
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        return batch
+
+    def _run_prefill(self, batch: list[tuple[Req, int]]) -> list[ReqOut]:
+        reqs = [r for r, _ in batch]
+        ends = [e for _, e in batch]
+        loc = self.kv.reserve(reqs, ends)
+        if loc is None:  # only when memory estimates were off: put them back and decode
+            for req in reqs:
+                self._requeue(req)
+            return self._run_decode() if self.running else []
+        fills = [r.fill_ids() for r in reqs]
+        new = [f[r.kv_len : e].tolist() for r, f, e in zip(reqs, fills, ends)]
+        fb = ForwardBatch.build(ForwardMode.EXTEND, new, [r.kv_len for r in reqs], [r.row for r in reqs],
+                                loc, self.runner.req_to_token.table)
+        logits = self.runner.forward(fb).next_token_logits
+        self.counters["prefill_steps"] += 1
+        done_rows, done = [], []
+        self.chunked = None
+        self.last_was_chunk = False
+        for i, (req, end) in enumerate(batch):
+            req.kv_len = end
+            if end < req.seq_len:
+                self.kv.cache_prefix(req)
+                self.chunked = req
+                self.last_was_chunk = True
+            else:
+                done_rows.append(i)
+                done.append(req)
+        outs = self._sample_and_finish(done, logits[done_rows]) if done else []
+        self.running.extend(r for r in done if r.finish_reason is None)
+        return outs
+
+    def _run_decode(self) -> list[ReqOut]:
+        ends = None
+        while self.running:
+            ends = [r.kv_len + 1 for r in self.running]
+            loc = self.kv.reserve(self.running, ends)
+            if loc is not None:
+                break
+            self._retract_one()
+        if not self.running:
+            return []
+        reqs = self.running
+        fb = ForwardBatch.build(ForwardMode.DECODE, [[r.output_ids[-1]] for r in reqs],
+                                [r.kv_len for r in reqs], [r.row for r in reqs], loc,
+                                self.runner.req_to_token.table)
+        logits = self.runner.forward(fb).next_token_logits
+        for r in reqs:
+            r.kv_len += 1
+        self.counters["decode_steps"] += 1
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        outs = self._sample_and_finish(reqs, logits)
+        self.running = [r for r in self.running if r.finish_reason is None]
+        return outs
+
+    # ------------------------------------------------------------ results
+
+    def _sample_and_finish(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOut]:
+        params = [r.params for r in reqs]
+        if any(p.penalized for p in params):
+            apply_penalties(logits, params, [r.output_ids for r in reqs])
+        early = [(i, self.eos_ids + r.params.stop_token_ids) for i, r in enumerate(reqs)
+                 if len(r.output_ids) < r.params.min_new_tokens]
+        if early:
+            block_stop_tokens(logits, [i for i, _ in early], [ids for _, ids in early])
+        sampling = SamplingBatch.build(params, [len(r.output_ids) for r in reqs], logits.shape[-1],
+                                       self.runner.device)
+        tokens = self.sampler(logits, sampling)
+        logprobs = None
+        if any(r.return_logprob for r in reqs):
+            logprobs = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0].tolist()
+        outs = []
+        for i, (req, tok) in enumerate(zip(reqs, tokens.tolist())):
+            req.output_ids.append(tok)
+            if logprobs is not None and req.return_logprob:
+                req.logprobs.append(logprobs[i])
+            self.counters["generated_tokens"] += 1
+            req.finish_reason = self._finish_reason(req, tok)
+            if req.finish_reason is not None:
+                outs.append(self._finish(req))
+            elif req.stream or req.stop:
+                outs.append(self._out(req))
+        return outs
+
+    def _finish_reason(self, req: Req, tok: int) -> dict[str, Any] | None:
+        p = req.params
+        if len(req.output_ids) >= p.min_new_tokens and (
+            tok in p.stop_token_ids or (tok in self.eos_ids and not p.ignore_eos)
+        ):
+            return {"type": "stop", "matched": tok}
+        if len(req.output_ids) >= p.max_new_tokens:
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
+
+    def _finish(self, req: Req) -> ReqOut:
+        if req.row >= 0:
+            self.kv.release(req)
+        if req is self.chunked:
+            self.chunked = None
+        self.waiting = [r for r in self.waiting if r is not req]
+        self.running = [r for r in self.running if r is not req]
+        return self._out(req)
+
+    def _out(self, req: Req) -> ReqOut:
+        new = req.output_ids[req.sent_ids :]
+        logprobs = req.logprobs[req.sent_ids :]
+        req.sent_ids = len(req.output_ids)
+        return ReqOut(rid=req.rid, new_ids=pack_ids(new), finish_reason=req.finish_reason,
+                      prompt_tokens=len(req.origin_ids), completion_tokens=len(req.output_ids),
+                      cached_tokens=req.cached_tokens, logprobs=logprobs, stop=req.stop)
+
+    # ---------------------------------------------------------- KV pressure
+
+    def _retract_one(self) -> None:
+        """Send the running request with the least progress back to the queue (it recomputes)."""
+        victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_ids)))
+        if len(self.running) == 1 and not self.kv.make_room(1):
+            logger.error("one request alone does not fit the KV cache: %s", victim.rid)
+        self.running.remove(victim)
+        self._requeue(victim)
+        self.counters["retractions"] += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+
+    def _requeue(self, req: Req) -> None:
+        if req.row >= 0:
+            self.kv.release(req)
+        req.retractions += 1
+        self.waiting.insert(0, req)
+
+    # ----------------------------------------------------------- integrity
+
+    def check_invariant(self) -> str | None:
+        """None when every KV slot is accounted for, else the numbers."""
+        return self.kv.check()
