@@ -1,0 +1,112 @@
+"""The scheduler process: receive requests, step the Scheduler, send token outputs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import zmq
+
+from runtime.config import ServerArgs
+from runtime.ipc import Puller, Pusher
+from runtime.messages import (
+    AbortReq,
+    BatchTokenOut,
+    FlushCacheReq,
+    ProcessError,
+    Ready,
+    ShutdownReq,
+    Stats,
+    StatsReq,
+    TokenizedGenerateReq,
+    ToScheduler,
+)
+from runtime.scheduler.scheduler import Scheduler
+
+logger = logging.getLogger("arbor.scheduler")
+IDLE_POLL_MS = 1000
+
+
+def run_scheduler(args: ServerArgs, model_path: str, endpoints: dict[str, str]) -> None:
+    """Process entry: load the model, announce readiness, then loop until shut down."""
+    logging.basicConfig(level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
+    ctx = zmq.Context()
+    inbox = Puller(ctx, endpoints["scheduler"], ToScheduler)
+    out = Pusher(ctx, endpoints["detokenizer"])
+    try:
+        sched = Scheduler(args, model_path)
+    except Exception as exc:  # e.g. a bad checkpoint: the front door reports this message
+        out.send(ProcessError(process="scheduler", message=f"{type(exc).__name__}: {exc}"))
+        time.sleep(0.5)  # let the message leave before the socket closes
+        return
+    runner = sched.runner
+    out.send(Ready(process="scheduler", info={
+        "max_total_tokens": runner.allocator.total_slots, "context_length": runner.context_len,
+        "vocab_size": runner.config.vocab_size, "max_running_requests": args.max_running_requests,
+    }))
+    try:
+        _loop(sched, inbox, out, os.getppid())
+    except Exception as exc:
+        logger.exception("scheduler loop failed")
+        out.send(ProcessError(process="scheduler", message=f"{type(exc).__name__}: {exc}"))
+        time.sleep(0.5)
+    finally:
+        inbox.close()
+        out.close()
+        ctx.term()
+
+
+def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int) -> None:
+    checked_idle = True
+    while True:
+        msgs = inbox.drain() if sched.has_work else _wait(inbox, parent)
+        if msgs is None:
+            return
+        outs = []
+        for msg in msgs:
+            if isinstance(msg, TokenizedGenerateReq):
+                outs += sched.add(msg)
+            elif isinstance(msg, AbortReq):
+                outs += sched.abort(msg.rid)
+            elif isinstance(msg, FlushCacheReq):
+                if sched.tree is not None:
+                    sched.tree.evict(sched.tree.evictable_size(), sched.kv._free_array)
+            elif isinstance(msg, StatsReq):
+                out.send(Stats(values=_stats(sched)))
+            elif isinstance(msg, ShutdownReq):
+                out.send(ShutdownReq())
+                return
+        if sched.has_work:
+            outs += sched.step()
+            checked_idle = False
+        if outs:
+            out.send(BatchTokenOut(outs=outs))
+        if not sched.has_work and not checked_idle:
+            checked_idle = True
+            problem = sched.check_invariant()
+            if problem:
+                logger.error("INVARIANT VIOLATED: %s", problem)
+
+
+def _wait(inbox: Puller, parent: int) -> list | None:
+    """Block until messages arrive; None once the parent process is gone."""
+    while True:
+        msg = inbox.recv(timeout_ms=IDLE_POLL_MS)
+        if msg is not None:
+            return [msg, *inbox.drain()]
+        if os.getppid() != parent:
+            return None
+
+
+def _stats(sched: Scheduler) -> dict[str, float]:
+    values = {k: float(v) for k, v in sched.counters.items()}
+    values.update(
+        running=len(sched.running), waiting=len(sched.waiting),
+        free_slots=sched.kv.allocator.available(), total_slots=sched.kv.allocator.total_slots,
+        new_token_ratio=sched.new_token_ratio, invariant_ok=float(sched.check_invariant() is None)
+        if not sched.has_work else 1.0,
+    )
+    if sched.tree is not None:
+        values.update(cache_tokens=sched.tree.total_size(), cache_hit_rate=sched.tree.stats.hit_rate)
+    return values
