@@ -1,105 +1,185 @@
-"""Engine: Arbor's offline entry point. generate() takes one prompt or a batch and returns
-the native API's response shape: {text, output_ids, meta_info}."""
+"""Engine: Arbor in-process. Starts the scheduler and detokenizer processes, runs the
+TokenizerManager on a background event loop, and offers generate() in sync, async and
+streaming forms, each returning the native API's shape {text, output_ids, meta_info}."""
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
+import atexit
 import logging
-import uuid
-from collections.abc import Sequence as Seq
-from typing import Any
+import threading
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from runtime.config import ServerArgs
-from runtime.offline_driver import OfflineDriver, Sequence
-from runtime.sampling_params import SamplingParams
-from runtime.tiny_model import builtin_model_path
+from runtime.processes import ChildProcesses
+from runtime.tokenizer_manager import GenerateInput, Prepared, TokenizerManager
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
+PROGRESS_MIN_BATCH = 32  # batches at least this large show a progress bar by default
+START_TIMEOUT_S = 600.0
 
 
 class Engine:
-    """Loads a checkpoint (None = the built-in tiny one) and generates in this process."""
+    """Loads a checkpoint (None = the built-in tiny one) into a scheduler process.
+
+    Use as a context manager, or call `shutdown()`; the children also exit on their own
+    if this process dies.
+    """
 
     def __init__(self, model_path: str | None = None, **server_args: Any) -> None:
         from transformers import AutoTokenizer
 
-        from runtime.model.runner import ModelRunner
+        from runtime.model.model_config import ModelConfig
+        from runtime.tiny_model import builtin_model_path
 
         self.args = ServerArgs(model_path=model_path, **server_args)
         path = model_path or str(builtin_model_path())
         self.model_path = path
-        self.runner = ModelRunner(self.args, path)  # validates the checkpoint first
-        self.tokenizer = AutoTokenizer.from_pretrained(self.args.tokenizer_path or path, local_files_only=True)
-        self.driver = OfflineDriver(self.runner, self.args.random_seed, self.args.max_running_requests)
+        ModelConfig.from_dir(path)  # a bad checkpoint fails here, in this process, in one line
+        tok_path = self.args.tokenizer_path or path
+        tokenizer = AutoTokenizer.from_pretrained(tok_path, local_files_only=True)
+        self.tokenizer = tokenizer
+        self.children = ChildProcesses(self.args, path, tok_path)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="arbor-engine-loop", daemon=True)
+        self._thread.start()
+        self._closed = False
+        self.manager: TokenizerManager = self._call(self._make_manager(tokenizer))
+        self.children.start()
+        try:
+            self._call(self.manager.start(START_TIMEOUT_S))
+        except BaseException:
+            self.shutdown()
+            raise
+        atexit.register(self.shutdown)
+
+    async def _make_manager(self, tokenizer: Any) -> TokenizerManager:
+        return TokenizerManager(self.args, tokenizer, self.children)  # its sockets belong to this loop
+
+    # ------------------------------------------------------------- generate
 
     def generate(
-        self, prompt: Prompt = None, input_ids: InputIds = None, sampling_params: Params = None
-    ) -> dict[str, Any] | list[dict[str, Any]]:
-        """Generate for one prompt (a dict back) or a list (a list back, in order)."""
-        batch_ids, single = self._token_batches(prompt, input_ids)
-        params = _per_request(sampling_params, len(batch_ids))
-        seqs = [
-            Sequence(uuid.uuid4().hex, ids, self._checked_params(ids, p))
-            for ids, p in zip(batch_ids, params)
-        ]
-        self.driver.run(seqs)
-        results = [self._result(s) for s in seqs]
-        return results[0] if single else results
+        self, prompt: Prompt = None, input_ids: InputIds = None, sampling_params: Params = None,
+        stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
+        progress: bool | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
+        """Generate for one prompt (a dict back; a list of n for n > 1) or a list (a list
+        back, in order, n per prompt). `stream=True` (one prompt) returns an iterator of
+        dicts with cumulative text. `progress` shows a bar (default: batches >= 32)."""
+        prepared, single = self._prepare(prompt, input_ids, sampling_params, stream, return_logprob, cache_salt)
+        if stream:
+            return self._stream(prepared[0])
+        show = progress if progress is not None else len(prepared) >= PROGRESS_MIN_BATCH
+        return _shape(self._call(self._collect(prepared, show)), single)
 
-    def _token_batches(self, prompt: Prompt, input_ids: InputIds) -> tuple[list[list[int]], bool]:
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("give exactly one of prompt (text) or input_ids (token ids)")
-        if prompt is not None:
-            if isinstance(prompt, str):
-                return [self.tokenizer.encode(prompt)], True
-            if not prompt or not all(isinstance(p, str) for p in prompt):
-                raise ValueError("prompt must be a string or a non-empty list of strings")
-            return [self.tokenizer.encode(p) for p in prompt], False
-        assert input_ids is not None
-        if input_ids and all(isinstance(t, int) for t in input_ids):
-            return [list(input_ids)], True  # type: ignore[arg-type]
-        if input_ids and all(isinstance(x, list) and x and all(isinstance(t, int) for t in x) for x in input_ids):
-            return [list(x) for x in input_ids], False  # type: ignore[union-attr]
-        raise ValueError("input_ids must be a non-empty list of token ids or a list of such lists")
+    async def async_generate(
+        self, prompt: Prompt = None, input_ids: InputIds = None, sampling_params: Params = None,
+        stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
+        """`generate` for asyncio callers (any event loop); `stream=True` gives an async iterator."""
+        prepared, single = self._prepare(prompt, input_ids, sampling_params, stream, return_logprob, cache_salt)
+        if stream:
+            return self._astream(prepared[0])
+        results = await asyncio.wrap_future(self._submit(self._collect(prepared, False)))
+        return _shape(results, single)
 
-    def _checked_params(self, ids: list[int], raw: dict[str, Any] | None) -> SamplingParams:
-        params = SamplingParams.from_dict(raw)
-        context = self.runner.context_len
-        vocab = self.runner.config.vocab_size
-        if not ids:
-            raise ValueError("the prompt is empty; give at least one token")
-        if len(ids) >= context:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens but the context length is {context}; "
-                "shorten the prompt (at least one token must be generated)"
-            )
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
-        # Generation stops at the context limit with finish reason "length".
-        cap = context - len(ids)
-        return dataclasses.replace(params, max_new_tokens=min(params.max_new_tokens, cap))
+    def stats(self) -> dict[str, float]:
+        """Scheduler counters: steps, tokens, cache hits, free slots, invariant_ok, ..."""
+        return self._call(self.manager.stats())
 
-    def _result(self, s: Sequence) -> dict[str, Any]:
-        return {
-            "text": self.tokenizer.decode(s.output_ids, skip_special_tokens=True),
-            "output_ids": s.output_ids,
-            "meta_info": {
-                "id": s.rid,
-                "finish_reason": s.finish_reason,
-                "prompt_tokens": len(s.input_ids),
-                "completion_tokens": len(s.output_ids),
-            },
-        }
+    def flush_cache(self) -> dict[str, float]:
+        """Drop every cached prefix that no running request holds."""
+        return self._call(self.manager.flush_cache())
+
+    def abort(self, rid: str) -> None:
+        self._call(self.manager.abort(rid))
+
+    def get_model_info(self) -> dict[str, Any]:
+        return {"model_path": self.model_path, **self.manager.info}
+
+    def _prepare(
+        self, prompt: Prompt, input_ids: InputIds, params: Params, stream: bool, return_logprob: bool,
+        cache_salt: str | None,
+    ) -> tuple[list[Prepared], bool]:
+        inputs, single = _inputs(prompt, input_ids, params)
+        if stream and not single:
+            raise ValueError("stream=True takes one prompt; call generate once per prompt to stream several")
+        for one in inputs:
+            one.stream, one.return_logprob, one.cache_salt = stream, return_logprob, cache_salt
+        return [self.manager.prepare(one) for one in inputs], single
+
+    async def _collect(self, prepared: list[Prepared], show: bool) -> list[list[dict[str, Any]]]:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prepared), desc="generate", unit="req", disable=not show)
+
+        async def one(p: Prepared) -> list[dict[str, Any]]:
+            outs = [out async for out in self.manager.run(p)]
+            bar.update(1)
+            return sorted(outs, key=lambda o: o.get("index", 0))
+
+        try:
+            return await asyncio.gather(*(one(p) for p in prepared))
+        finally:
+            bar.close()
+
+    def _stream(self, prepared: Prepared) -> Iterator[dict[str, Any]]:
+        agen = self.manager.run(prepared)
+        try:
+            while True:
+                try:
+                    yield self._call(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                self._call(agen.aclose())  # an early stop aborts the request
+
+    async def _astream(self, prepared: Prepared) -> AsyncIterator[dict[str, Any]]:
+        agen = self.manager.run(prepared)
+        try:
+            while True:
+                try:
+                    yield await asyncio.wrap_future(self._submit(agen.__anext__()))
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                await asyncio.wrap_future(self._submit(agen.aclose()))
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _submit(self, coro: Awaitable[T]) -> Future[T]:
+        if self._closed:
+            raise RuntimeError("the engine is shut down")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+
+    def _call(self, coro: Awaitable[T]) -> T:
+        return self._submit(coro).result()
 
     def shutdown(self) -> None:
-        """Release the model and KV cache."""
-        self.runner = None  # type: ignore[assignment]
-        self.driver = None  # type: ignore[assignment]
+        """Stop the child processes (no orphans) and remove the socket directory. Idempotent."""
+        if self._closed:
+            return
+        manager = getattr(self, "manager", None)
+        if manager is not None:
+            try:
+                self._call(manager.shutdown())
+            except Exception:
+                logger.exception("front door shutdown failed; stopping the processes anyway")
+        self._closed = True
+        self.children.stop()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+        atexit.unregister(self.shutdown)
 
     def __enter__(self) -> Engine:
         return self
@@ -108,9 +188,34 @@ class Engine:
         self.shutdown()
 
 
-def _per_request(params: Params, n: int) -> Seq[dict[str, Any] | None]:
+def _inputs(prompt: Prompt, input_ids: InputIds, params: Params) -> tuple[list[GenerateInput], bool]:
+    """One GenerateInput per prompt, and whether the caller gave a single prompt."""
+    if (prompt is None) == (input_ids is None):
+        raise ValueError("give exactly one of prompt (text) or input_ids (token ids)")
+    if isinstance(prompt, str):
+        texts: list[Any] = [prompt]
+        single = True
+    elif prompt is not None:
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str) for p in prompt):
+            raise ValueError("prompt must be a string or a non-empty list of strings")
+        texts, single = prompt, False
+    elif isinstance(input_ids, list) and input_ids and all(isinstance(t, int) for t in input_ids):
+        texts, single = [None], True
+    elif isinstance(input_ids, list) and input_ids and all(isinstance(x, list) for x in input_ids):
+        texts, single = [None] * len(input_ids), False
+    else:
+        raise ValueError("input_ids must be a non-empty list of token ids or a list of such lists")
+    ids_list: list[Any] = [None] * len(texts) if input_ids is None else ([input_ids] if single else input_ids)
     if isinstance(params, list):
-        if len(params) != n:
-            raise ValueError(f"sampling_params has {len(params)} entries for {n} prompts")
-        return params
-    return [params] * n
+        if len(params) != len(texts):
+            raise ValueError(f"sampling_params has {len(params)} entries for {len(texts)} prompts")
+        per = params
+    else:
+        per = [params] * len(texts)
+    inputs = [GenerateInput(text=t, input_ids=i, sampling_params=p) for t, i, p in zip(texts, ids_list, per)]
+    return inputs, single
+
+
+def _shape(results: list[list[dict[str, Any]]], single: bool) -> dict[str, Any] | list[dict[str, Any]]:
+    flat = [out for outs in results for out in outs]
+    return flat[0] if single and len(flat) == 1 else flat

@@ -70,8 +70,7 @@ def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int) -> None:
             elif isinstance(msg, AbortReq):
                 outs += sched.abort(msg.rid)
             elif isinstance(msg, FlushCacheReq):
-                if sched.tree is not None:
-                    sched.tree.evict(sched.tree.evictable_size(), sched.kv._free_array)
+                sched.flush_cache()
             elif isinstance(msg, StatsReq):
                 out.send(Stats(values=_stats(sched)))
             elif isinstance(msg, ShutdownReq):

@@ -22,6 +22,7 @@ class Req:
     rid: str
     origin_ids: array
     params: SamplingParams
+    group: str = ""  # the rid the client sent; the n samples of one request share it
     stream: bool = False
     return_logprob: bool = False
     cache_salt: str | None = None

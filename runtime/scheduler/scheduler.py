@@ -7,12 +7,13 @@ running request. The process loop around it lives in `runtime/scheduler/process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
 import torch
 
-from radix import RadixCache
+from radix import TOKEN_BYTES, RadixCache, common_prefix_bytes, to_key
 from runtime.config import ServerArgs
 from runtime.messages import ReqOut, TokenizedGenerateReq, pack_ids, unpack_ids
 from runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -28,6 +29,7 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
+IN_BATCH_SHARE_MIN = 32  # tokens; a request sharing this much with one being prefilled waits a step
 
 
 class Scheduler:
@@ -76,9 +78,11 @@ class Scheduler:
         if params.max_new_tokens == 0:
             reason = {"type": "length", "length": 0}
             return [ReqOut(rid=r, new_ids=b"", finish_reason=reason, prompt_tokens=len(ids)) for r in rids]
-        for rid in rids:
+        for i, rid in enumerate(rids):
             self._arrivals += 1
-            self.waiting.append(Req(rid, ids, params, stream=msg.stream, return_logprob=msg.return_logprob,
+            # Seeded n > 1: sample i draws from seed + i, so the samples differ yet reproduce.
+            own = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
+            self.waiting.append(Req(rid, ids, own, group=msg.rid, stream=msg.stream, return_logprob=msg.return_logprob,
                                     cache_salt=msg.cache_salt, stop=list(msg.stop), arrival=self._arrivals))
         return []
 
@@ -86,10 +90,15 @@ class Scheduler:
         """End the request with exactly this rid (or, for n > 1, its samples) and free its KV now."""
         outs = []
         for req in [r for r in self.waiting + self.running + [self.chunked] if r is not None]:
-            if req.rid == rid or req.rid.rsplit("-", 1)[0] == rid:
+            if rid in (req.rid, req.group):
                 req.finish_reason = {"type": "abort", "message": "aborted"}
                 outs.append(self._finish(req))
         return outs
+
+    def flush_cache(self) -> None:
+        """Drop every cached prefix no running request holds."""
+        if self.tree is not None:
+            self.kv.make_room(self.kv.available())
 
     @property
     def has_work(self) -> bool:
@@ -126,6 +135,8 @@ class Scheduler:
                 break
             fill = req.seq_len
             prefix = self.kv.prefix_len(req)
+            if self._shares_with_batch(req, prefix, batch):
+                continue  # wait one step: the batch caches the shared prefix for it
             end = min(fill, prefix + min(chunk_cap, budget))
             future = int(req.remaining_new_tokens * self.new_token_ratio) if end == fill else 0
             cost = self.kv.pages_for(prefix, end) + future
@@ -147,6 +158,18 @@ class Scheduler:
                 req.skipped += 1
         self.waiting = [r for r in self.waiting if id(r) not in admitted]
         return batch
+
+    def _shares_with_batch(self, req: Req, prefix: int, batch: list[tuple[Req, int]]) -> bool:
+        """Whether a request already in this batch shares a long uncached prefix with `req`
+        (n samples of one prompt, or few-shot requests arriving together)."""
+        if self.tree is None or not batch:
+            return False
+        key = to_key(req.fill_ids())
+        for other, _ in batch:
+            shared = common_prefix_bytes(key, 0, to_key(other.fill_ids())) // TOKEN_BYTES
+            if shared - prefix >= IN_BATCH_SHARE_MIN:
+                return True
+        return False
 
     def _run_prefill(self, batch: list[tuple[Req, int]]) -> list[ReqOut]:
         reqs = [r for r, _ in batch]
@@ -172,6 +195,7 @@ class Scheduler:
                 self.chunked = req
                 self.last_was_chunk = True
             else:
+                self.kv.cache_prefix(req)  # later requests (and the n samples) reuse the prompt
                 done_rows.append(i)
                 done.append(req)
         outs = self._sample_and_finish(done, logits[done_rows]) if done else []

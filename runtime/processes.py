@@ -1,0 +1,98 @@
+"""Start, watch and stop the scheduler and detokenizer processes.
+
+Children are fresh interpreters (`python -m runtime.processes ROLE SPEC`), not forks or
+multiprocessing spawns: they never re-import the caller's main module (so scripts need no
+`if __name__ == "__main__"` guard) and receive only JSON: ServerArgs, paths, endpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import msgspec
+
+from runtime.config import ServerArgs
+from runtime.ipc import IpcDir
+
+logger = logging.getLogger(__name__)
+ENDPOINTS = ("scheduler", "detokenizer", "front")
+JOIN_TIMEOUT_S = 5.0
+
+
+class ChildSpec(msgspec.Struct, kw_only=True):
+    """Everything a child process needs, as JSON on its command line."""
+
+    args: ServerArgs
+    model_path: str
+    tokenizer_path: str
+    endpoints: dict[str, str]
+
+
+class ChildProcesses:
+    """The two child processes of one runtime and the private directory of their sockets.
+
+    Children exit on their own when this process dies.
+    """
+
+    def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str) -> None:
+        self.ipc = IpcDir()
+        self.endpoints = {name: self.ipc.endpoint(name) for name in ENDPOINTS}
+        self.spec = ChildSpec(args=args, model_path=model_path, tokenizer_path=tokenizer_path,
+                              endpoints=self.endpoints)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self) -> None:
+        spec = msgspec.json.encode(self.spec).decode()
+        for role in ("scheduler", "detokenizer"):
+            self.procs[role] = subprocess.Popen([sys.executable, "-m", "runtime.processes", role, spec])
+
+    def dead(self) -> str | None:
+        """A message naming the first child that has exited, or None while all run."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                return f"the {name} process exited unexpectedly (exit code {proc.returncode})"
+        return None
+
+    def pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self.procs.items()}
+
+    def terminate(self) -> None:
+        """Signal every child still running to exit now (does not wait)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+
+    def stop(self) -> None:
+        """Wait briefly for a clean exit, then terminate and kill; remove the socket directory."""
+        for name, proc in self.procs.items():
+            try:
+                proc.wait(JOIN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                logger.warning("the %s process did not exit in %.0f s; terminating it", name, JOIN_TIMEOUT_S)
+                proc.terminate()
+                try:
+                    proc.wait(JOIN_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.ipc.close()
+
+
+def _main(role: str, raw: str) -> None:
+    spec = msgspec.json.decode(raw, type=ChildSpec)
+    if role == "scheduler":
+        from runtime.scheduler.process import run_scheduler
+
+        run_scheduler(spec.args, spec.model_path, spec.endpoints)
+    elif role == "detokenizer":
+        from runtime.detokenizer import run_detokenizer
+
+        run_detokenizer(spec.tokenizer_path, spec.endpoints)
+    else:
+        raise SystemExit(f"unknown role {role!r}; expected scheduler or detokenizer")
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,317 @@
+"""TokenizerManager: the asyncio front door. Validates and tokenizes requests, sends them to the
+scheduler, and routes the detokenizer's text outputs back to each waiting caller by rid."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq.asyncio
+
+from runtime.config import ServerArgs
+from runtime.ipc import AsyncPuller, AsyncPusher
+from runtime.messages import (
+    AbortReq,
+    BatchTextOut,
+    FlushCacheReq,
+    ProcessError,
+    Ready,
+    ShutdownReq,
+    Stats,
+    StatsReq,
+    TextOut,
+    ToFront,
+    TokenizedGenerateReq,
+    pack_ids,
+)
+from runtime.processes import ChildProcesses
+from runtime.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+CHILDREN = ("scheduler", "detokenizer")
+WATCH_INTERVAL_S = 0.25
+MAX_N = 64
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+
+
+class EngineDead(RuntimeError):
+    """A child process died; every pending and later request fails with this."""
+
+
+@dataclass
+class _Sample:
+    """What one output stream (one of n samples of a request) has produced so far."""
+
+    index: int
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    last: TextOut | None = None
+
+
+@dataclass
+class Prepared:
+    """A validated, tokenized request ready to send; `rids` are its samples' ids."""
+
+    msg: TokenizedGenerateReq
+    rids: list[str]
+
+
+@dataclass
+class GenerateInput:
+    """One prompt as the front door receives it (text or token ids, never both)."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: dict[str, Any] | None = None
+    stream: bool = False
+    return_logprob: bool = False
+    cache_salt: str | None = None
+    rid: str | None = None
+
+
+class TokenizerManager:
+    """Owns the front socket pair; one instance per runtime, used from one event loop."""
+
+    def __init__(self, args: ServerArgs, tokenizer: Any, children: ChildProcesses) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.children = children
+        self.ctx = zmq.asyncio.Context()
+        self.inbox = AsyncPuller(self.ctx, children.endpoints["front"], ToFront)
+        self.to_scheduler = AsyncPusher(self.ctx, children.endpoints["scheduler"])
+        self.info: dict[str, Any] = {}
+        self.dead: str | None = None
+        self._queues: dict[str, asyncio.Queue[TextOut | Exception]] = {}
+        self._stats_waiters: list[asyncio.Future[dict[str, float]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, timeout_s: float) -> None:
+        """Wait for both children to report Ready; raise with the child's message if one fails."""
+        ready: dict[str, dict[str, Any]] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while len(ready) < len(CHILDREN):
+            if (problem := self.children.dead()) is not None:
+                raise EngineDead(f"{problem} during start-up; its log is above")
+            if loop.time() > deadline:
+                raise EngineDead(f"start-up took over {timeout_s:.0f} s; waiting for {set(CHILDREN) - set(ready)}")
+            try:
+                msg = await asyncio.wait_for(self.inbox.recv(), WATCH_INTERVAL_S)
+            except asyncio.TimeoutError:
+                continue
+            if isinstance(msg, ProcessError):
+                raise EngineDead(f"the {msg.process} process failed to start: {msg.message}")
+            if isinstance(msg, Ready):
+                ready[msg.process] = msg.info
+        self.info = ready["scheduler"]
+        self._tasks = [asyncio.create_task(self._route()), asyncio.create_task(self._watch())]
+
+    async def shutdown(self) -> None:
+        """Ask the scheduler (and through it the detokenizer) to exit; close the sockets."""
+        if self.dead is None:
+            await self.to_scheduler.send(ShutdownReq())
+            self._fail_all(EngineDead("the engine was shut down"))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.inbox.close()
+        self.to_scheduler.close()
+        self.ctx.term()
+
+    # ------------------------------------------------------------- requests
+
+    def prepare(self, req: GenerateInput) -> Prepared:
+        """Validate and tokenize one prompt; raises ValueError naming what to change."""
+        self._check_alive()
+        ids = self._tokenize(req)
+        params, stop, n = self._params(ids, req.sampling_params)
+        rid = req.rid or uuid.uuid4().hex
+        rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
+        if any(r in self._queues for r in rids):
+            raise ValueError(f"request id {rid!r} is already in use; give a unique rid")
+        msg = TokenizedGenerateReq(
+            rid=rid, input_ids=pack_ids(ids), sampling=params, n=n, stream=req.stream,
+            return_logprob=req.return_logprob, cache_salt=req.cache_salt, stop=stop,
+        )
+        return Prepared(msg, rids)
+
+    async def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
+        """`prepare` then `run`."""
+        async for out in self.run(self.prepare(req)):
+            yield out
+
+    async def run(self, prepared: Prepared) -> AsyncIterator[dict[str, Any]]:
+        """Yield response dicts: with `stream`, one per text increment of each sample
+        (cumulative text); else one final dict per sample. A sample's last dict has
+        `meta_info.finish_reason` set. Closing the iterator early aborts the request."""
+        self._check_alive()
+        msg, rids = prepared.msg, prepared.rids
+        queue: asyncio.Queue[TextOut | Exception] = asyncio.Queue()
+        samples = {r: _Sample(i) for i, r in enumerate(rids)}
+        for r in rids:
+            self._queues[r] = queue
+        open_rids = set(rids)
+        try:
+            await self.to_scheduler.send(msg)
+            while open_rids:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                s = samples[item.rid]
+                s.text += item.text
+                s.output_ids += item.output_ids
+                s.logprobs += item.logprobs
+                s.last = item
+                if item.finish_reason is not None:
+                    open_rids.discard(item.rid)
+                if msg.stream or item.finish_reason is not None:
+                    yield self._response(item.rid, s, msg.n, msg.return_logprob)
+        finally:
+            for r in rids:
+                self._queues.pop(r, None)
+            if open_rids and self.dead is None:  # the caller went away: stop the work now
+                for r in sorted(open_rids):
+                    await self.to_scheduler.send(AbortReq(rid=r))
+
+    async def abort(self, rid: str) -> None:
+        """Abort a running request by its exact rid (a no-op when it already finished)."""
+        self._check_alive()
+        await self.to_scheduler.send(AbortReq(rid=rid))
+
+    async def stats(self) -> dict[str, float]:
+        """The scheduler's counters (answered after every message sent before this call)."""
+        self._check_alive()
+        fut: asyncio.Future[dict[str, float]] = asyncio.get_running_loop().create_future()
+        self._stats_waiters.append(fut)
+        await self.to_scheduler.send(StatsReq())
+        return await fut
+
+    async def flush_cache(self) -> dict[str, float]:
+        """Drop every unlocked cached prefix; returns the counters after the flush."""
+        self._check_alive()
+        await self.to_scheduler.send(FlushCacheReq())
+        return await self.stats()
+
+    # ------------------------------------------------------------ validation
+
+    def _tokenize(self, req: GenerateInput) -> list[int]:
+        if (req.text is None) == (req.input_ids is None):
+            raise ValueError("give exactly one of text (a prompt string) or input_ids (token ids)")
+        if req.text is not None:
+            if not isinstance(req.text, str):
+                raise ValueError(f"text must be a string, got {type(req.text).__name__}")
+            ids = self.tokenizer.encode(req.text)
+        else:
+            ids = req.input_ids
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise ValueError("input_ids must be a list of integer token ids")
+        if not ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        vocab = self.info["vocab_size"]
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        context = self.info["context_length"]
+        if len(ids) >= context:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens but the context length is {context}; "
+                "shorten the prompt (at least one token must be generated)"
+            )
+        return ids
+
+    def _params(self, ids: list[int], raw: dict[str, Any] | None) -> tuple[SamplingParams, list[str], int]:
+        if raw is not None and not isinstance(raw, dict):
+            raise ValueError(f"sampling_params must be an object, got {type(raw).__name__}")
+        raw = dict(raw or {})
+        stop = _stop_strings(raw.pop("stop", None))
+        n = raw.pop("n", 1)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
+        params = SamplingParams.from_dict(raw)
+        # Generation stops at the context limit with finish reason "length".
+        params.max_new_tokens = min(params.max_new_tokens, self.info["context_length"] - len(ids))
+        need = len(ids) + params.max_new_tokens
+        total = self.info["max_total_tokens"]
+        if need > total:
+            raise ValueError(f"request needs {need} KV slots (prompt + max_new_tokens) but the cache holds "
+                             f"{total}; lower max_new_tokens or raise max_total_tokens")
+        return params, stop, n
+
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise EngineDead(self.dead)
+
+    # ----------------------------------------------------------- background
+
+    async def _route(self) -> None:
+        """Deliver every message from the detokenizer to whoever waits for it."""
+        while True:
+            msg = await self.inbox.recv()
+            if isinstance(msg, BatchTextOut):
+                for out in msg.outs:
+                    queue = self._queues.get(out.rid)
+                    if queue is not None:
+                        queue.put_nowait(out)
+            elif isinstance(msg, Stats):
+                if self._stats_waiters:
+                    fut = self._stats_waiters.pop(0)
+                    if not fut.done():
+                        fut.set_result(msg.values)
+            elif isinstance(msg, ProcessError):
+                self._die(f"the {msg.process} process failed: {msg.message}")
+
+    async def _watch(self) -> None:
+        """Fail everything at once if a child process dies."""
+        while self.dead is None:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            if (problem := self.children.dead()) is not None:
+                self._die(problem)
+
+    def _die(self, message: str) -> None:
+        if self.dead is None:
+            logger.error("%s; the engine has stopped", message)
+            self.dead = f"{message}; the engine has stopped"
+            self._fail_all(EngineDead(self.dead))
+            self.children.terminate()
+
+    def _fail_all(self, exc: Exception) -> None:
+        for queue in set(self._queues.values()):
+            queue.put_nowait(exc)
+        for fut in self._stats_waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+        self._stats_waiters.clear()
+
+    @staticmethod
+    def _response(rid: str, s: _Sample, n: int, return_logprob: bool) -> dict[str, Any]:
+        last = s.last
+        assert last is not None
+        meta: dict[str, Any] = {
+            "id": rid, "finish_reason": last.finish_reason, "prompt_tokens": last.prompt_tokens,
+            "completion_tokens": len(s.output_ids), "cached_tokens": last.cached_tokens,
+        }
+        if return_logprob:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(s.logprobs, s.output_ids)]
+        out: dict[str, Any] = {"text": s.text, "output_ids": list(s.output_ids), "meta_info": meta}
+        if n > 1:
+            out["index"] = s.index
+        return out
+
+
+def _stop_strings(stop: Any) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
+        raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+    if len(stops) > MAX_STOP_STRINGS or any(len(x) > MAX_STOP_CHARS for x in stops):
+        raise ValueError(f"stop allows at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters")
+    return stops
