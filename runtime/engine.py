@@ -68,12 +68,13 @@ class Engine:
     def generate(
         self, prompt: Prompt = None, input_ids: InputIds = None, sampling_params: Params = None,
         stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
-        progress: bool | None = None,
+        rid: str | list[str] | None = None, progress: bool | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back; a list of n for n > 1) or a list (a list
         back, in order, n per prompt). `stream=True` (one prompt) returns an iterator of
-        dicts with cumulative text. `progress` shows a bar (default: batches >= 32)."""
-        prepared, single = self._prepare(prompt, input_ids, sampling_params, stream, return_logprob, cache_salt)
+        dicts with cumulative text. `rid` names the request(s) for `abort`. `progress` shows
+        a bar (default: batches >= 32)."""
+        prepared, single = self._prepare(prompt, input_ids, sampling_params, stream, return_logprob, cache_salt, rid)
         if stream:
             return self._stream(prepared[0])
         show = progress if progress is not None else len(prepared) >= PROGRESS_MIN_BATCH
@@ -82,9 +83,10 @@ class Engine:
     async def async_generate(
         self, prompt: Prompt = None, input_ids: InputIds = None, sampling_params: Params = None,
         stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
+        rid: str | list[str] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """`generate` for asyncio callers (any event loop); `stream=True` gives an async iterator."""
-        prepared, single = self._prepare(prompt, input_ids, sampling_params, stream, return_logprob, cache_salt)
+        prepared, single = self._prepare(prompt, input_ids, sampling_params, stream, return_logprob, cache_salt, rid)
         if stream:
             return self._astream(prepared[0])
         results = await asyncio.wrap_future(self._submit(self._collect(prepared, False)))
@@ -106,13 +108,16 @@ class Engine:
 
     def _prepare(
         self, prompt: Prompt, input_ids: InputIds, params: Params, stream: bool, return_logprob: bool,
-        cache_salt: str | None,
+        cache_salt: str | None, rid: str | list[str] | None,
     ) -> tuple[list[Prepared], bool]:
         inputs, single = _inputs(prompt, input_ids, params)
         if stream and not single:
             raise ValueError("stream=True takes one prompt; call generate once per prompt to stream several")
-        for one in inputs:
-            one.stream, one.return_logprob, one.cache_salt = stream, return_logprob, cache_salt
+        rids = [rid] * len(inputs) if rid is None or isinstance(rid, str) else rid
+        if len(rids) != len(inputs) or (isinstance(rid, str) and not single):
+            raise ValueError(f"rid must be one string per prompt ({len(inputs)} prompts)")
+        for one, r in zip(inputs, rids):
+            one.stream, one.return_logprob, one.cache_salt, one.rid = stream, return_logprob, cache_salt, r
         return [self.manager.prepare(one) for one in inputs], single
 
     async def _collect(self, prepared: list[Prepared], show: bool) -> list[list[dict[str, Any]]]:

@@ -14,6 +14,7 @@ SPECS = {
     "qwen3": TinySpec(arch="qwen3", seed=2, head_dim=32),
     "mistral": TinySpec(arch="mistral", seed=3, heads=4, kv_heads=4),
     "llama-tied-gqa4": TinySpec(arch="llama", seed=4, heads=8, kv_heads=2, tie_word_embeddings=True),
+    "llama-long": TinySpec(arch="llama", seed=6, max_position_embeddings=4096),
     "llama3-rope": TinySpec(
         arch="llama", seed=5,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

@@ -106,6 +106,7 @@ class Scheduler:
 
     # ---------------------------------------------------------------- step
 
+    @torch.inference_mode()
     def step(self) -> list[ReqOut]:
         """Run one forward pass (prefill if admitted, else decode) and return what it produced."""
         batch = self._prefill_batch()
