@@ -163,6 +163,8 @@ class Engine:
 
     def _submit(self, coro: Awaitable[T]) -> Future[T]:
         if self._closed:
+            if asyncio.iscoroutine(coro):
+                coro.close()
             raise RuntimeError("the engine is shut down")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
 

@@ -58,14 +58,13 @@ class ChildProcesses:
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}
 
-    def terminate(self) -> None:
-        """Signal every child still running to exit now (does not wait)."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-
     def stop(self) -> None:
-        """Wait briefly for a clean exit, then terminate and kill; remove the socket directory."""
+        """Wait briefly for a clean exit, then terminate and kill; remove the socket directory.
+        Safe to call more than once, from any thread."""
+        if self.dead() is not None:  # one child died: nothing will tell the others to exit
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    proc.terminate()
         for name, proc in self.procs.items():
             try:
                 proc.wait(JOIN_TIMEOUT_S)

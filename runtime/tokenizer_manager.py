@@ -280,7 +280,8 @@ class TokenizerManager:
             logger.error("%s; the engine has stopped", message)
             self.dead = f"{message}; the engine has stopped"
             self._fail_all(EngineDead(self.dead))
-            self.children.terminate()
+            # Stop (and reap) the surviving child off the loop; shutdown() only waits for it.
+            asyncio.get_running_loop().run_in_executor(None, self.children.stop)
 
     def _fail_all(self, exc: Exception) -> None:
         for queue in set(self._queues.values()):
