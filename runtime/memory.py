@@ -98,6 +98,8 @@ def reserve_positions(
     the pool has too few free pages (nothing is taken then).
     """
     ps = allocator.page_size
+    if all(e - s == 1 for s, e in zip(starts, ends)):
+        return _reserve_one_each(req_to_token, allocator, rows, starts)
     first_new = [-(-s // ps) for s in starts]  # ceil: pages below this are mapped
     counts = [-(-e // ps) - f for e, f in zip(ends, first_new)]
     pages = allocator.alloc(sum(counts))
@@ -118,3 +120,27 @@ def reserve_positions(
     base = torch.tensor(starts, device=dev) - (torch.cumsum(lens, 0) - lens)
     pos = torch.arange(total, device=dev) + base.repeat_interleave(lens)
     return table[row_of, pos].to(torch.int64)
+
+
+def _reserve_one_each(
+    req_to_token: ReqToTokenPool, allocator: PageAllocator, rows: list[int], starts: list[int]
+) -> torch.Tensor | None:
+    """`reserve_positions` for a decode step (one new position per row), in few tensor ops."""
+    ps = allocator.page_size
+    fresh = [i for i, s in enumerate(starts) if s % ps == 0]  # rows whose new position opens a page
+    pages = allocator.alloc(len(fresh))
+    if pages is None:
+        return None
+    table = req_to_token.table
+    dev = table.device
+    rows_t = torch.tensor(rows, device=dev)
+    starts_t = torch.tensor(starts, device=dev)
+    if pages:
+        pages_t = torch.tensor(pages, device=dev, dtype=table.dtype)
+        if ps == 1:
+            table[rows_t, starts_t] = pages_t
+        else:
+            idx = torch.tensor(fresh, device=dev)
+            offsets = torch.arange(ps, device=dev)
+            table[rows_t[idx, None], starts_t[idx, None] + offsets] = pages_t[:, None] * ps + offsets.to(table.dtype)
+    return table[rows_t, starts_t].to(torch.int64)

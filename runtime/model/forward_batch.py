@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,13 +37,22 @@ class ForwardBatch:
     extend_lens: torch.Tensor  # [B] int64
     qo_indptr: torch.Tensor  # [B + 1] int32: CSR offsets of each request's new tokens
     kv_indptr: torch.Tensor  # [B + 1] int32: CSR offsets into kv_indices
-    kv_indices: torch.Tensor  # [sum(seq_lens)] int64: KV slots of every position
+    req_to_token: torch.Tensor  # the ReqToTokenPool table kv_indices is read from
     return_all_logits: bool = False
     attn_backend: AttentionBackend | None = None
 
     @property
     def batch_size(self) -> int:
         return int(self.seq_lens.numel())
+
+    @cached_property
+    def kv_indices(self) -> torch.Tensor:
+        """[sum(seq_lens)] int64: KV slot of every position, request by request (CSR with
+        kv_indptr). Built on first use: only kernels that walk CSR need it."""
+        max_len = int(self.seq_lens.max())
+        table = self.req_to_token[self.req_pool_indices, :max_len]
+        valid = torch.arange(max_len, device=table.device)[None, :] < self.seq_lens[:, None]
+        return table[valid].to(torch.int64)
 
     @classmethod
     def build(
@@ -73,9 +83,6 @@ class ForwardBatch:
         kv_indptr[1:] = torch.cumsum(seq_t, 0)
         qo_indptr = torch.zeros_like(kv_indptr)
         qo_indptr[1:] = torch.cumsum(t(extend), 0)
-        max_len = max(seq)
-        table = req_to_token[rows, :max_len]
-        valid = torch.arange(max_len, device=device)[None, :] < seq_t[:, None]
         return cls(
             mode=mode,
             input_ids=t(flat_ids),
@@ -87,6 +94,6 @@ class ForwardBatch:
             extend_lens=t(extend),
             qo_indptr=qo_indptr,
             kv_indptr=kv_indptr,
-            kv_indices=table[valid].to(torch.int64),
+            req_to_token=req_to_token,
             return_all_logits=return_all_logits,
         )

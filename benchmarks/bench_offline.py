@@ -1,0 +1,311 @@
+"""Offline throughput of Arbor's Engine vs transformers `generate`, same checkpoint and dtype.
+
+(a) mixed: seeded requests (input 32-512, output 16-256 tokens, ignore_eos); transformers runs
+    length-sorted, padded batches at the best of several batch sizes (tried on a sample).
+(b) few-shot (one shared ~1,500-token prefix + short questions) and multi-turn chat
+    (each turn's prompt = the whole conversation so far): Arbor with the radix cache on vs
+    off vs transformers; cache hit rate against the offline optimum (every token some
+    earlier request computed, at most len - 1 per prompt).
+(c) scheduler overhead per decode step at batch 256 with the model forward replaced by a
+    no-op: the step minus forward minus sampling, and the sampling cost on its own.
+
+Throughput counts requested output tokens only (padding and overshoot are waste).
+Table on stdout; JSON + PNG into docs/benchmarks/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from radix import RadixCache
+from runtime.engine import Engine
+from runtime.tiny_model import TinySpec, make_tiny_model
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+SPEC = TinySpec(arch="llama", layers=8, hidden=512, heads=8, kv_heads=4)
+VOCAB = 50000
+Workload = list[tuple[list[int], int]]  # (prompt ids, output tokens)
+
+
+def mixed_workload(n: int, seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    return [([rng.randrange(VOCAB) for _ in range(rng.randint(32, 512))], rng.randint(16, 256)) for _ in range(n)]
+
+
+def fewshot_workload(n: int, prefix_len: int = 1500, seed: int = 1) -> Workload:
+    rng = random.Random(seed)
+    prefix = [rng.randrange(VOCAB) for _ in range(prefix_len)]
+    return [(prefix + [rng.randrange(VOCAB) for _ in range(rng.randint(16, 48))], 16) for _ in range(n)]
+
+
+def greedy(out_len: int) -> dict[str, Any]:
+    return {"max_new_tokens": out_len, "temperature": 0, "ignore_eos": True}
+
+
+# ---------------------------------------------------------------- systems
+
+
+def arbor_run(engine: Engine, work: Workload) -> tuple[float, list[dict[str, Any]]]:
+    t0 = time.perf_counter()
+    outs = engine.generate(input_ids=[p for p, _ in work], sampling_params=[greedy(o) for _, o in work],
+                           progress=False)
+    return time.perf_counter() - t0, outs
+
+
+def hf_run(model: Any, work: Workload, batch: int) -> tuple[float, list[list[int]]]:
+    """Length-sorted, left-padded batches; each batch generates to its longest output."""
+    order = sorted(range(len(work)), key=lambda i: len(work[i][0]))
+    outs: list[list[int]] = [[] for _ in work]
+    t0 = time.perf_counter()
+    for start in range(0, len(order), batch):
+        idx = order[start : start + batch]
+        width = max(len(work[i][0]) for i in idx)
+        ids = torch.full((len(idx), width), 50256, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(idx):
+            p = work[i][0]
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        new = max(work[i][1] for i in idx)
+        with torch.no_grad():
+            gen = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                                 do_sample=False, pad_token_id=50256)
+        for row, i in enumerate(idx):
+            outs[i] = gen[row, width : width + work[i][1]].tolist()
+    return time.perf_counter() - t0, outs
+
+
+def best_hf_batch(model: Any, work: Workload, sizes: list[int]) -> tuple[int, dict[int, float]]:
+    """The batch size with the highest output tokens/s on `work` (a sample)."""
+    rates = {}
+    for b in sizes:
+        elapsed, _ = hf_run(model, work, b)
+        rates[b] = sum(o for _, o in work) / elapsed
+    return max(rates, key=rates.__getitem__), rates
+
+
+# ------------------------------------------------------------- workloads
+
+
+def run_mixed(engine: Engine, model: Any, n: int, hf_sizes: list[int]) -> dict[str, Any]:
+    work = mixed_workload(n)
+    tokens = sum(o for _, o in work)
+    best, sample_rates = best_hf_batch(model, work[: max(hf_sizes)], hf_sizes)
+    hf_s, hf_outs = hf_run(model, work, best)
+    arbor_s, outs = arbor_run(engine, work)
+    same = sum(o["output_ids"] == h for o, h in zip(outs, hf_outs))
+    return {"requests": n, "output_tokens": tokens, "arbor_s": arbor_s, "transformers_s": hf_s,
+            "transformers_batch": best, "transformers_sample_tok_s": sample_rates,
+            "arbor_tok_s": tokens / arbor_s, "transformers_tok_s": tokens / hf_s,
+            "ratio": hf_s / arbor_s, "greedy_equal_to_transformers": same}
+
+
+def optimum_hit_tokens(seqs: list[tuple[list[int], list[int]]]) -> int:
+    """Prompt tokens an unbounded cache could serve: each prompt's longest prefix that an
+    earlier request computed (its prompt and all but its last output token), <= len - 1."""
+    tree = RadixCache(1)
+    hit = 0
+    for prompt, output in seqs:
+        hit += tree.match_prefix(prompt[: len(prompt) - 1]).length
+        done = prompt + output[:-1]
+        tree.insert(done, list(range(len(done))))
+    return hit
+
+
+def run_fewshot(engines: dict[str, Engine], model: Any, n: int, hf_batch: int) -> dict[str, Any]:
+    work = fewshot_workload(n)
+    row: dict[str, Any] = {"requests": n, "prefix_tokens": 1500, "output_tokens": sum(o for _, o in work)}
+    for name, engine in engines.items():
+        engine.flush_cache()
+        elapsed, outs = arbor_run(engine, work)
+        row[f"{name}_s"] = elapsed
+        if name == "cache_on":
+            row["hit_tokens"] = sum(o["meta_info"]["cached_tokens"] for o in outs)
+            row["optimum_hit_tokens"] = optimum_hit_tokens([(p, o["output_ids"]) for (p, _), o in zip(work, outs)])
+    row["transformers_s"], _ = hf_run(model, work, hf_batch)
+    return row
+
+
+def run_multiturn(engines: dict[str, Engine], model: Any, convs: int, turns: int, hf_batch: int) -> dict[str, Any]:
+    rng = random.Random(2)
+    systems = [[rng.randrange(VOCAB) for _ in range(200)] for _ in range(convs)]
+    users = [[[rng.randrange(VOCAB) for _ in range(40)] for _ in range(turns)] for _ in range(convs)]
+    row: dict[str, Any] = {"conversations": convs, "turns": turns, "output_tokens": convs * turns * 32}
+    for name in [*engines, "transformers"]:
+        histories = [list(s) for s in systems]
+        seqs: list[tuple[list[int], list[int]]] = []
+        hit = 0
+        elapsed = 0.0
+        if name in engines:
+            engines[name].flush_cache()
+        for t in range(turns):
+            work = [(h + users[c][t], 32) for c, h in enumerate(histories)]
+            if name == "transformers":
+                dt, outs = hf_run(model, work, hf_batch)
+            else:
+                dt, res = arbor_run(engines[name], work)
+                outs = [r["output_ids"] for r in res]
+                hit += sum(r["meta_info"]["cached_tokens"] for r in res)
+            elapsed += dt
+            for c, ((prompt, _), out) in enumerate(zip(work, outs)):
+                seqs.append((prompt, out))
+                histories[c] = prompt + out
+        row[f"{name}_s"] = elapsed
+        if name == "cache_on":
+            row["hit_tokens"] = hit
+            row["optimum_hit_tokens"] = optimum_hit_tokens(seqs)
+    return row
+
+
+def run_overhead(path: Path, dtype: str, batch: int, steps: int) -> dict[str, Any]:
+    """Decode steps of a Scheduler whose forward pass is a no-op returning fixed logits."""
+    from runtime.config import ServerArgs
+    from runtime.messages import TokenizedGenerateReq, pack_ids
+    from runtime.model.runner import LogitsOutput
+    from runtime.sampling_params import SamplingParams
+    from runtime.scheduler.scheduler import Scheduler
+
+    args = ServerArgs(dtype=dtype, max_running_requests=batch, max_total_tokens=batch * 1024)
+    sched = Scheduler(args, str(path))
+    vocab = sched.runner.config.vocab_size
+    logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(0))
+    timers = {"forward": 0.0, "sample": 0.0}
+
+    def noop_forward(fb: Any) -> LogitsOutput:
+        t0 = time.perf_counter()
+        out = LogitsOutput(next_token_logits=logits[: fb.batch_size])  # a view: no alloc or free
+        timers["forward"] += time.perf_counter() - t0
+        return out
+
+    real_sampler = sched.sampler
+
+    def timed_sampler(*a: Any) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = real_sampler(*a)
+        timers["sample"] += time.perf_counter() - t0
+        return out
+
+    sched.runner.forward = noop_forward  # type: ignore[method-assign]
+    sched.sampler = timed_sampler  # type: ignore[assignment]
+    rng = random.Random(3)
+    for i in range(batch):
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(32, 512))]
+        sched.add(TokenizedGenerateReq(rid=str(i), input_ids=pack_ids(prompt),
+                                       sampling=SamplingParams(max_new_tokens=steps + 10, temperature=0, ignore_eos=True)))
+    while sched.waiting or sched.chunked:
+        sched.step()
+    assert len(sched.running) == batch
+    totals, rest = [], []
+    for _ in range(steps):
+        timers["forward"] = timers["sample"] = 0.0
+        t0 = time.perf_counter()
+        sched.step()
+        total = time.perf_counter() - t0
+        totals.append(total)
+        rest.append(total - timers["forward"] - timers["sample"])
+        sample_ms = timers["sample"] * 1e3
+    return {"batch": batch, "steps": steps, "step_ms_median": statistics.median(totals) * 1e3,
+            "overhead_ms_median": statistics.median(rest) * 1e3,
+            "overhead_ms_p90": sorted(rest)[int(0.9 * len(rest))] * 1e3, "sample_ms_last": sample_ms}
+
+
+# ----------------------------------------------------------------- report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=256, help="requests in the mixed workload")
+    ap.add_argument("--fewshot-requests", type=int, default=128)
+    ap.add_argument("--conversations", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--hf-batch-sizes", default="16,32,64", help="transformers batch sizes to try")
+    ap.add_argument("--max-running", type=int, default=128, help="Arbor's max_running_requests")
+    ap.add_argument("--dtype", default="auto",
+                    help="auto = bfloat16 where the CPU has fast bf16 (avx512_bf16/AMX), else float32")
+    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.requests, args.fewshot_requests, args.conversations, args.turns = 32, 16, 4, 3
+        args.hf_batch_sizes = "8,16"
+    from transformers import AutoModelForCausalLM
+
+    from runtime.model.runner import resolve_dtype
+
+    args.dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
+    path = make_tiny_model(Path(tempfile.mkdtemp()) / "medium", SPEC)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
+    sizes = [int(x) for x in args.hf_batch_sizes.split(",")]
+    common = {"dtype": args.dtype, "max_running_requests": args.max_running, "max_total_tokens": 300_000}
+    with Engine(str(path), **common) as on, Engine(str(path), disable_radix_cache=True, **common) as off:
+        arbor_run(on, mixed_workload(8, seed=99))  # warm-up
+        arbor_run(off, mixed_workload(8, seed=99))
+        mixed = run_mixed(on, model, args.requests, sizes)
+        engines = {"cache_on": on, "cache_off": off}
+        fewshot = run_fewshot(engines, model, args.fewshot_requests, mixed["transformers_batch"])
+        multiturn = run_multiturn(engines, model, args.conversations, args.turns, mixed["transformers_batch"])
+    overhead = run_overhead(path, args.dtype, 256, 50 if not args.quick else 10)
+    result = {"spec": {"layers": SPEC.layers, "hidden": SPEC.hidden, "heads": SPEC.heads, "kv_heads": SPEC.kv_heads},
+              "dtype": args.dtype, "threads": torch.get_num_threads(), "quick": args.quick,
+              "mixed": mixed, "fewshot": fewshot, "multiturn": multiturn, "overhead": overhead}
+    report(result)
+    if not args.quick:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "bench_offline.json").write_text(json.dumps(result, indent=2))
+        chart(result)
+
+
+def report(r: dict[str, Any]) -> None:
+    m, f, t, o = r["mixed"], r["fewshot"], r["multiturn"], r["overhead"]
+    print(f"bench_offline: {r['spec']['layers']} layers, hidden {r['spec']['hidden']}, {r['dtype']}, "
+          f"{r['threads']} threads")
+    print(f"\n(a) mixed, {m['requests']} requests, {m['output_tokens']} output tokens")
+    print(f"  Arbor         {m['arbor_tok_s']:8.1f} tok/s  ({m['arbor_s']:.1f} s)")
+    print(f"  transformers  {m['transformers_tok_s']:8.1f} tok/s  ({m['transformers_s']:.1f} s, batch "
+          f"{m['transformers_batch']})  -> Arbor {m['ratio']:.2f}x")
+    print(f"  greedy outputs equal to transformers: {m['greedy_equal_to_transformers']}/{m['requests']}")
+    for name, row in (("few-shot", f), ("multi-turn", t)):
+        on, off, hf = row["cache_on_s"], row["cache_off_s"], row["transformers_s"]
+        print(f"\n(b) {name}: {row['output_tokens']} output tokens")
+        print(f"  cache on {on:7.1f} s | cache off {off:7.1f} s ({off / on:.2f}x) | transformers {hf:7.1f} s "
+              f"({hf / on:.2f}x)")
+        print(f"  hit tokens {row['hit_tokens']} of optimum {row['optimum_hit_tokens']} "
+              f"({row['hit_tokens'] / max(row['optimum_hit_tokens'], 1):.1%})")
+    print(f"\n(c) scheduler overhead per decode step, batch {o['batch']}, no-op model: median "
+          f"{o['overhead_ms_median']:.2f} ms (p90 {o['overhead_ms_p90']:.2f}); whole step "
+          f"{o['step_ms_median']:.2f} ms incl. sampling ({o['sample_ms_last']:.2f} ms)")
+
+
+def chart(r: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    m = r["mixed"]
+    axes[0].bar(["Arbor", "transformers"], [m["arbor_tok_s"], m["transformers_tok_s"]], color=["C0", "C1"])
+    axes[0].set_title(f"(a) mixed, {m['requests']} requests")
+    axes[0].set_ylabel("output tokens/s")
+    for ax, key, title in ((axes[1], "fewshot", "(b) few-shot"), (axes[2], "multiturn", "(b) multi-turn")):
+        row = r[key]
+        ax.bar(["cache on", "cache off", "transformers"],
+               [row["output_tokens"] / row[k] for k in ("cache_on_s", "cache_off_s", "transformers_s")],
+               color=["C0", "C2", "C1"])
+        ax.set_title(title)
+        ax.set_ylabel("output tokens/s")
+    fig.suptitle("Offline throughput, medium tiny Llama, 2-core CPU")
+    fig.tight_layout()
+    fig.savefig(OUT / "bench_offline.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
