@@ -1,4 +1,4 @@
-"""The `arbor` command: make-tiny-model and demo (serve and bench arrive with their issues)."""
+"""The `arbor` command: serve, demo, make-tiny-model."""
 
 from __future__ import annotations
 
@@ -30,10 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default: 64)")
     ServerArgs.add_cli_args(demo)
 
+    serve = sub.add_parser("serve", help="serve the native and OpenAI-compatible HTTP APIs")
+    ServerArgs.add_cli_args(serve)
+
     args = parser.parse_args(argv)
     try:
         if args.command == "make-tiny-model":
             return _make_tiny_model(args)
+        if args.command == "serve":
+            return _serve(args)
         return _demo(args)
     except ValueError as e:  # user-fixable problems: one line, no traceback
         print(f"arbor: error: {e}", file=sys.stderr)
@@ -48,6 +53,19 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
         kv_heads=args.kv_heads, seed=args.seed, tie_word_embeddings=args.tie_word_embeddings,
     )
     print(f"wrote {make_tiny_model(args.dir, spec)}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from runtime.server.app import create_app
+
+    server_args = ServerArgs.from_cli_args(args)
+    logging.basicConfig(level=server_args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(server_args)
+    uvicorn.run(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
+                timeout_graceful_shutdown=5)
     return 0
 
 

@@ -58,6 +58,19 @@ class ServerArgs:
     )
     disable_radix_cache: bool = _opt(False, "Do not reuse KV of shared prefixes.")
     random_seed: int = _opt(0, "Seed for requests that give no seed of their own.")
+    host: str = _opt("127.0.0.1", "HTTP server address; the default serves this machine only.")
+    port: int = _opt(30000, "HTTP server port.")
+    api_key: str | None = _opt(
+        None, "If set, every route but /health needs `Authorization: Bearer KEY`; the key also "
+        "salts the radix cache, so different keys never share cached prefixes."
+    )
+    served_model_name: str | None = _opt(None, "Model name in the OpenAI API; empty = the checkpoint directory's name.")
+    max_body_bytes: int = _opt(4 << 20, "Largest HTTP request body accepted (413 above it).")
+    max_n: int = _opt(16, "Largest n (samples per prompt) a request may ask for.")
+    max_batch_prompts: int = _opt(256, "Most prompts in one batched request.")
+    max_concurrent_requests: int = _opt(
+        1024, "Requests in flight at once; more are refused with 429 until some finish."
+    )
     log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
 
     def __post_init__(self) -> None:
@@ -67,6 +80,8 @@ class ServerArgs:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.chunked_prefill_size < 0 or self.max_prefill_tokens < 1:
             raise ValueError("chunked_prefill_size must be >= 0 and max_prefill_tokens >= 1")
+        if min(self.max_n, self.max_batch_prompts, self.max_concurrent_requests, self.max_body_bytes) < 1:
+            raise ValueError("max_n, max_batch_prompts, max_concurrent_requests and max_body_bytes must be >= 1")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
 

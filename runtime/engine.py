@@ -22,6 +22,8 @@ T = TypeVar("T")
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
+OPTIONS = {"stream", "return_logprob", "cache_salt", "logprob_start_len", "top_logprobs_num",
+           "return_text_in_logprobs"}  # per-request fields of GenerateInput the Engine passes through
 PROGRESS_MIN_BATCH = 32  # batches at least this large show a progress bar by default
 START_TIMEOUT_S = 600.0
 
@@ -68,13 +70,15 @@ class Engine:
     def generate(
         self, prompt: Prompt = None, input_ids: InputIds = None, sampling_params: Params = None,
         stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
-        rid: str | list[str] | None = None, progress: bool | None = None,
+        rid: str | list[str] | None = None, progress: bool | None = None, **logprob_options: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back; a list of n for n > 1) or a list (a list
         back, in order, n per prompt). `stream=True` (one prompt) returns an iterator of
         dicts with cumulative text. `rid` names the request(s) for `abort`. `progress` shows
-        a bar (default: batches >= 32)."""
-        prepared, single = self._prepare(prompt, input_ids, sampling_params, stream, return_logprob, cache_salt, rid)
+        a bar (default: batches >= 32). `logprob_options`: logprob_start_len (>= 0 adds
+        prompt logprobs), top_logprobs_num, return_text_in_logprobs."""
+        prepared, single = self._prepare(prompt, input_ids, sampling_params, rid, dict(
+            stream=stream, return_logprob=return_logprob, cache_salt=cache_salt, **logprob_options))
         if stream:
             return self._stream(prepared[0])
         show = progress if progress is not None else len(prepared) >= PROGRESS_MIN_BATCH
@@ -83,10 +87,11 @@ class Engine:
     async def async_generate(
         self, prompt: Prompt = None, input_ids: InputIds = None, sampling_params: Params = None,
         stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
-        rid: str | list[str] | None = None,
+        rid: str | list[str] | None = None, **logprob_options: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """`generate` for asyncio callers (any event loop); `stream=True` gives an async iterator."""
-        prepared, single = self._prepare(prompt, input_ids, sampling_params, stream, return_logprob, cache_salt, rid)
+        prepared, single = self._prepare(prompt, input_ids, sampling_params, rid, dict(
+            stream=stream, return_logprob=return_logprob, cache_salt=cache_salt, **logprob_options))
         if stream:
             return self._astream(prepared[0])
         results = await asyncio.wrap_future(self._submit(self._collect(prepared, False)))
@@ -107,17 +112,22 @@ class Engine:
         return {"model_path": self.model_path, **self.manager.info}
 
     def _prepare(
-        self, prompt: Prompt, input_ids: InputIds, params: Params, stream: bool, return_logprob: bool,
-        cache_salt: str | None, rid: str | list[str] | None,
+        self, prompt: Prompt, input_ids: InputIds, params: Params, rid: str | list[str] | None,
+        options: dict[str, Any],
     ) -> tuple[list[Prepared], bool]:
         inputs, single = _inputs(prompt, input_ids, params)
-        if stream and not single:
+        unknown = sorted(set(options) - OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown argument(s) {', '.join(unknown)}; supported: {', '.join(sorted(OPTIONS))}")
+        if options["stream"] and not single:
             raise ValueError("stream=True takes one prompt; call generate once per prompt to stream several")
         rids = [rid] * len(inputs) if rid is None or isinstance(rid, str) else rid
         if len(rids) != len(inputs) or (isinstance(rid, str) and not single):
             raise ValueError(f"rid must be one string per prompt ({len(inputs)} prompts)")
         for one, r in zip(inputs, rids):
-            one.stream, one.return_logprob, one.cache_salt, one.rid = stream, return_logprob, cache_salt, r
+            one.rid = r
+            for name, value in options.items():
+                setattr(one, name, value)
         return [self.manager.prepare(one) for one in inputs], single
 
     async def _collect(self, prepared: list[Prepared], show: bool) -> list[list[dict[str, Any]]]:

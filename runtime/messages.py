@@ -40,6 +40,8 @@ class TokenizedGenerateReq(_Msg):
     n: int = 1
     stream: bool = False
     return_logprob: bool = False
+    logprob_start_len: int = -1  # >= 0: also return prompt logprobs from this position
+    top_logprobs_num: int = 0
     cache_salt: str | None = None
     stop: list[str] = []
 
@@ -71,6 +73,9 @@ class ReqOut(msgspec.Struct, kw_only=True):
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] = []
+    top_logprobs: list[list[tuple[float, int]]] = []
+    input_logprobs: list[float] = []  # prompt positions logprob_start_len.. (position 0 excluded)
+    input_top_logprobs: list[list[tuple[float, int]]] = []
     stop: list[str] = []
 
 
@@ -118,6 +123,9 @@ class TextOut(msgspec.Struct, kw_only=True):
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] = []
+    top_logprobs: list[list[tuple[float, int]]] = []
+    input_logprobs: list[float] = []
+    input_top_logprobs: list[list[tuple[float, int]]] = []
 
 
 class BatchTextOut(_Msg):

@@ -34,8 +34,8 @@ from runtime.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 CHILDREN = ("scheduler", "detokenizer")
 WATCH_INTERVAL_S = 0.25
-MAX_N = 64
 MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
 MAX_STOP_CHARS = 256
 
 
@@ -51,6 +51,9 @@ class _Sample:
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     last: TextOut | None = None
 
 
@@ -60,6 +63,8 @@ class Prepared:
 
     msg: TokenizedGenerateReq
     rids: list[str]
+    ids: list[int]
+    return_text_in_logprobs: bool = False
 
 
 @dataclass
@@ -71,6 +76,9 @@ class GenerateInput:
     sampling_params: dict[str, Any] | None = None
     stream: bool = False
     return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
     cache_salt: str | None = None
     rid: str | None = None
 
@@ -133,15 +141,17 @@ class TokenizerManager:
         self._check_alive()
         ids = self._tokenize(req)
         params, stop, n = self._params(ids, req.sampling_params)
+        start = _logprob_args(req, len(ids))
         rid = req.rid or uuid.uuid4().hex
         rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
         if any(r in self._queues for r in rids):
             raise ValueError(f"request id {rid!r} is already in use; give a unique rid")
         msg = TokenizedGenerateReq(
             rid=rid, input_ids=pack_ids(ids), sampling=params, n=n, stream=req.stream,
-            return_logprob=req.return_logprob, cache_salt=req.cache_salt, stop=stop,
+            return_logprob=req.return_logprob, logprob_start_len=start, top_logprobs_num=req.top_logprobs_num,
+            cache_salt=req.cache_salt, stop=stop,
         )
-        return Prepared(msg, rids)
+        return Prepared(msg, rids, ids, req.return_text_in_logprobs)
 
     async def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
         """`prepare` then `run`."""
@@ -169,11 +179,14 @@ class TokenizerManager:
                 s.text += item.text
                 s.output_ids += item.output_ids
                 s.logprobs += item.logprobs
+                s.top_logprobs += item.top_logprobs
+                s.input_logprobs += item.input_logprobs
+                s.input_top_logprobs += item.input_top_logprobs
                 s.last = item
                 if item.finish_reason is not None:
                     open_rids.discard(item.rid)
                 if msg.stream or item.finish_reason is not None:
-                    yield self._response(item.rid, s, msg.n, msg.return_logprob)
+                    yield self._response(item.rid, s, prepared)
         finally:
             for r in rids:
                 self._queues.pop(r, None)
@@ -233,11 +246,16 @@ class TokenizerManager:
         raw = dict(raw or {})
         stop = _stop_strings(raw.pop("stop", None))
         n = raw.pop("n", 1)
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
-            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {n!r}")
+        max_n = self.args.max_n
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_n:
+            raise ValueError(f"n must be an integer in [1, {max_n}], got {n!r}")
         params = SamplingParams.from_dict(raw)
+        context = self.info["context_length"]
+        if params.max_new_tokens > context:
+            raise ValueError(f"max_new_tokens is {params.max_new_tokens} but the context length is {context}; "
+                             f"ask for at most {context}")
         # Generation stops at the context limit with finish reason "length".
-        params.max_new_tokens = min(params.max_new_tokens, self.info["context_length"] - len(ids))
+        params.max_new_tokens = min(params.max_new_tokens, context - len(ids))
         need = len(ids) + params.max_new_tokens
         total = self.info["max_total_tokens"]
         if need > total:
@@ -291,20 +309,51 @@ class TokenizerManager:
                 fut.set_exception(exc)
         self._stats_waiters.clear()
 
-    @staticmethod
-    def _response(rid: str, s: _Sample, n: int, return_logprob: bool) -> dict[str, Any]:
+    def _response(self, rid: str, s: _Sample, prepared: Prepared) -> dict[str, Any]:
         last = s.last
         assert last is not None
         meta: dict[str, Any] = {
             "id": rid, "finish_reason": last.finish_reason, "prompt_tokens": last.prompt_tokens,
             "completion_tokens": len(s.output_ids), "cached_tokens": last.cached_tokens,
         }
-        if return_logprob:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(s.logprobs, s.output_ids)]
+        msg = prepared.msg
+        if msg.return_logprob:
+            entry = self._logprob_entry if prepared.return_text_in_logprobs else _bare_entry
+            meta["output_token_logprobs"] = [entry(lp, t) for lp, t in zip(s.logprobs, s.output_ids)]
+            if msg.top_logprobs_num:
+                meta["output_top_logprobs"] = [[entry(lp, t) for lp, t in row] for row in s.top_logprobs]
+            if msg.logprob_start_len >= 0 and last.finish_reason is not None:
+                start = msg.logprob_start_len
+                head = [entry(None, prepared.ids[0])] if start == 0 else []
+                targets = prepared.ids[max(start, 1):]
+                meta["input_token_logprobs"] = head + [entry(lp, t) for lp, t in zip(s.input_logprobs, targets)]
+                if msg.top_logprobs_num:
+                    rows = [[entry(lp, t) for lp, t in row] for row in s.input_top_logprobs]
+                    meta["input_top_logprobs"] = ([None] if start == 0 else []) + rows
         out: dict[str, Any] = {"text": s.text, "output_ids": list(s.output_ids), "meta_info": meta}
-        if n > 1:
+        if msg.n > 1:
             out["index"] = s.index
         return out
+
+    def _logprob_entry(self, lp: float | None, token: int) -> list[Any]:
+        return [lp, token, self.tokenizer.decode([token])]
+
+
+def _bare_entry(lp: float | None, token: int) -> list[Any]:
+    return [lp, token, None]
+
+
+def _logprob_args(req: GenerateInput, prompt_len: int) -> int:
+    """Check the logprob options; the prompt position prompt logprobs start at (-1 = none)."""
+    k = req.top_logprobs_num
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}], got {k!r}")
+    start = req.logprob_start_len
+    if not isinstance(start, int) or isinstance(start, bool) or start < -1:
+        raise ValueError(f"logprob_start_len must be an integer >= -1 (-1 = no prompt logprobs), got {start!r}")
+    if start >= prompt_len:
+        raise ValueError(f"logprob_start_len {start} is past the prompt's last position ({prompt_len - 1})")
+    return start if req.return_logprob else -1
 
 
 def _stop_strings(stop: Any) -> list[str]:

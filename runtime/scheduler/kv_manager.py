@@ -52,11 +52,10 @@ class KVManager:
     # ------------------------------------------------------------ lifecycle
 
     def prefix_len(self, req: Req) -> int:
-        """Length of the cached prefix `req` would reuse (at least one token stays to compute)."""
+        """Length of the cached prefix `req` would reuse (at most `req.match_cap`)."""
         if self.tree is None:
             return 0
-        ids = req.fill_ids()
-        return self.tree.match_prefix(ids[: len(ids) - 1], req.cache_salt).length
+        return self.tree.match_prefix(req.fill_ids()[: req.match_cap], req.cache_salt).length
 
     def attach(self, req: Req) -> bool:
         """Give `req` a slot-table row holding its cached prefix (locked); False if no row is free."""
@@ -66,8 +65,7 @@ class KVManager:
         req.row = row
         matched = 0
         if self.tree is not None:
-            ids = req.fill_ids()
-            match = self.tree.match_prefix(ids[: len(ids) - 1], req.cache_salt)
+            match = self.tree.match_prefix(req.fill_ids()[: req.match_cap], req.cache_salt)
             matched = match.length
             if matched:
                 self.req_to_token.table[row, :matched] = torch.frombuffer(match.indices, dtype=torch.int32)

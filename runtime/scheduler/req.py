@@ -28,7 +28,12 @@ class Req:
     cache_salt: str | None = None
     stop: list[str] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
+    logprob_start: int = -1  # >= 0: prompt logprobs wanted from this position
+    top_logprobs_num: int = 0
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[float] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     arrival: int = 0  # admission order, for FCFS and anti-starvation
     # KV state while running
     row: int = -1
@@ -57,6 +62,20 @@ class Req:
     def prefilling(self) -> bool:
         """Still has tokens of the prompt (or of a recompute) without KV."""
         return self.kv_len < self.seq_len - (1 if self.output_ids else 0)
+
+    @property
+    def match_cap(self) -> int:
+        """Longest prefix it may take from the cache: at least one token is computed, and
+        prompt logprobs need the logits of every position from logprob_start - 1 on."""
+        cap = self.seq_len - 1
+        if self.wants_prompt_logprobs:
+            cap = min(cap, max(self.logprob_start - 1, 0))
+        return cap
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for and not yet computed (a recompute never redoes them)."""
+        return self.logprob_start >= 0 and self.retractions == 0 and not self.output_ids
 
     @property
     def remaining_new_tokens(self) -> int:

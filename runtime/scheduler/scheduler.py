@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
+LOGITS_TOKEN_BUDGET = 1024  # tokens of a prefill batch that returns logits for every token
 IN_BATCH_SHARE_MIN = 32  # tokens; a request sharing this much with one being prefilled waits a step
 
 
@@ -75,14 +76,13 @@ class Scheduler:
         if problem is not None:
             reason = {"type": "abort", "message": problem}
             return [ReqOut(rid=r, new_ids=b"", finish_reason=reason, prompt_tokens=len(ids)) for r in rids]
-        if params.max_new_tokens == 0:
-            reason = {"type": "length", "length": 0}
-            return [ReqOut(rid=r, new_ids=b"", finish_reason=reason, prompt_tokens=len(ids)) for r in rids]
         for i, rid in enumerate(rids):
             self._arrivals += 1
             # Seeded n > 1: sample i draws from seed + i, so the samples differ yet reproduce.
             own = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
             self.waiting.append(Req(rid, ids, own, group=msg.rid, stream=msg.stream, return_logprob=msg.return_logprob,
+                                    logprob_start=msg.logprob_start_len if msg.return_logprob else -1,
+                                    top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
                                     cache_salt=msg.cache_salt, stop=list(msg.stop), arrival=self._arrivals))
         return []
 
@@ -128,8 +128,9 @@ class Scheduler:
         batch: list[tuple[Req, int]] = []
         if self.chunked is not None:
             req = self.chunked
-            end = min(req.seq_len, req.kv_len + min(chunk_cap, budget))
-            return [(req, end)]
+            cap = min(chunk_cap, LOGITS_TOKEN_BUDGET) if req.wants_prompt_logprobs else chunk_cap
+            return [(req, min(req.seq_len, req.kv_len + min(cap, budget)))]
+        all_logits = False  # a batch with prompt logprobs computes logits of every token
         order = order_waiting(self.waiting, self.args.schedule_policy, self.kv, self.args.schedule_max_skips)
         for req in order:
             if len(self.running) + len(batch) >= self.args.max_running_requests or budget <= 0:
@@ -138,6 +139,10 @@ class Scheduler:
             prefix = self.kv.prefix_len(req)
             if self._shares_with_batch(req, prefix, batch):
                 continue  # wait one step: the batch caches the shared prefix for it
+            if req.wants_prompt_logprobs and not all_logits:
+                if batch:
+                    break  # it starts the next batch, which stays small
+                all_logits, budget = True, min(budget, LOGITS_TOKEN_BUDGET)
             end = min(fill, prefix + min(chunk_cap, budget))
             future = int(req.remaining_new_tokens * self.new_token_ratio) if end == fill else 0
             cost = self.kv.pages_for(prefix, end) + future
@@ -182,11 +187,15 @@ class Scheduler:
             return self._run_decode() if self.running else []
         fills = [r.fill_ids() for r in reqs]
         new = [f[r.kv_len : e].tolist() for r, f, e in zip(reqs, fills, ends)]
+        want = any(r.wants_prompt_logprobs for r in reqs)
         fb = ForwardBatch.build(ForwardMode.EXTEND, new, [r.kv_len for r in reqs], [r.row for r in reqs],
-                                loc, self.runner.req_to_token.table)
-        logits = self.runner.forward(fb).next_token_logits
+                                loc, self.runner.req_to_token.table, return_all_logits=want)
+        out = self.runner.forward(fb)
+        logits = out.next_token_logits
+        if out.all_logits is not None:
+            self._prompt_logprobs(reqs, fills, ends, out.all_logits)
         self.counters["prefill_steps"] += 1
-        done_rows, done = [], []
+        done_rows, done, outs = [], [], []
         self.chunked = None
         self.last_was_chunk = False
         for i, (req, end) in enumerate(batch):
@@ -197,11 +206,34 @@ class Scheduler:
                 self.last_was_chunk = True
             else:
                 self.kv.cache_prefix(req)  # later requests (and the n samples) reuse the prompt
+                if req.params.max_new_tokens == 0:  # prefill only: cache the prompt, maybe logprobs
+                    req.finish_reason = {"type": "length", "length": 0}
+                    outs.append(self._finish(req))
+                    continue
                 done_rows.append(i)
                 done.append(req)
-        outs = self._sample_and_finish(done, logits[done_rows]) if done else []
+        if done:
+            outs += self._sample_and_finish(done, logits[done_rows])
         self.running.extend(r for r in done if r.finish_reason is None)
         return outs
+
+    def _prompt_logprobs(self, reqs: list[Req], fills: list, ends: list[int], all_logits: torch.Tensor) -> None:
+        """Logprob of each prompt token from `logprob_start` on, given the tokens before it."""
+        offset = 0
+        for req, fill, end in zip(reqs, fills, ends):
+            n = end - req.kv_len
+            if req.wants_prompt_logprobs:
+                # Row j predicts position kv_len + j + 1; keep targets in [max(start, 1), prompt end).
+                first = max(req.logprob_start, 1, req.kv_len + 1)
+                last = min(end + 1, len(req.origin_ids))
+                if last > first:
+                    rows = all_logits[offset + first - 1 - req.kv_len : offset + last - 1 - req.kv_len]
+                    lp = torch.log_softmax(rows, -1)
+                    targets = torch.tensor(fill[first:last].tolist(), device=lp.device)
+                    req.input_logprobs += lp.gather(1, targets[:, None])[:, 0].tolist()
+                    if req.top_logprobs_num:
+                        req.input_top_logprobs += _top(lp, req.top_logprobs_num)
+            offset += n
 
     def _run_decode(self) -> list[ReqOut]:
         ends = None
@@ -239,14 +271,19 @@ class Scheduler:
         sampling = SamplingBatch.build(params, [len(r.output_ids) for r in reqs], logits.shape[-1],
                                        self.runner.device)
         tokens = self.sampler(logits, sampling)
-        logprobs = None
+        logprobs, top = None, None
         if any(r.return_logprob for r in reqs):
-            logprobs = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0].tolist()
+            lp = torch.log_softmax(logits, -1)
+            logprobs = lp.gather(1, tokens[:, None])[:, 0].tolist()
+            k = max(r.top_logprobs_num for r in reqs)
+            top = _top(lp, k) if k else None
         outs = []
         for i, (req, tok) in enumerate(zip(reqs, tokens.tolist())):
             req.output_ids.append(tok)
             if logprobs is not None and req.return_logprob:
                 req.logprobs.append(logprobs[i])
+                if top is not None and req.top_logprobs_num:
+                    req.top_logprobs.append(top[i][: req.top_logprobs_num])
             self.counters["generated_tokens"] += 1
             req.finish_reason = self._finish_reason(req, tok)
             if req.finish_reason is not None:
@@ -277,10 +314,14 @@ class Scheduler:
     def _out(self, req: Req) -> ReqOut:
         new = req.output_ids[req.sent_ids :]
         logprobs = req.logprobs[req.sent_ids :]
+        top = req.top_logprobs[req.sent_ids :]
+        first = req.sent_ids == 0
         req.sent_ids = len(req.output_ids)
         return ReqOut(rid=req.rid, new_ids=pack_ids(new), finish_reason=req.finish_reason,
                       prompt_tokens=len(req.origin_ids), completion_tokens=len(req.output_ids),
-                      cached_tokens=req.cached_tokens, logprobs=logprobs, stop=req.stop)
+                      cached_tokens=req.cached_tokens, logprobs=logprobs, top_logprobs=top,
+                      input_logprobs=req.input_logprobs if first else [],
+                      input_top_logprobs=req.input_top_logprobs if first else [], stop=req.stop)
 
     # ---------------------------------------------------------- KV pressure
 
@@ -305,3 +346,9 @@ class Scheduler:
     def check_invariant(self) -> str | None:
         """None when every KV slot is accounted for, else the numbers."""
         return self.kv.check()
+
+
+def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
+    """The k most likely tokens of each row, as (logprob, token id), best first."""
+    values, ids = logprobs.topk(k, dim=-1)
+    return [list(zip(v, i)) for v, i in zip(values.tolist(), ids.tolist())]

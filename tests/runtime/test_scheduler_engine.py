@@ -214,3 +214,34 @@ def test_chunked_prefill_of_3000_tokens_equals_unchunked(tiny_model):
     la = [x[0] for x in a["meta_info"]["output_token_logprobs"]]
     lb = [x[0] for x in b["meta_info"]["output_token_logprobs"]]
     assert max(abs(x - y) for x, y in zip(la, lb)) < 1e-4
+
+
+def test_prompt_logprobs_match_transformers_and_survive_cache_hits(engine, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model("llama"), dtype=torch.float32).eval()
+    prompt = [random.Random(9).randrange(50000) for _ in range(40)]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0], -1)
+    expected = [ref[p - 1, prompt[p]].item() for p in range(1, len(prompt))]
+    for start in (0, 25, 25):  # the third call finds the prompt cached, yet must compute from 24 on
+        out = engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 0}, return_logprob=True,
+                              logprob_start_len=start, top_logprobs_num=3, return_text_in_logprobs=True)
+        meta = out["meta_info"]
+        assert out["output_ids"] == [] and meta["finish_reason"] == {"type": "length", "length": 0}
+        entries = meta["input_token_logprobs"]
+        assert len(entries) == len(prompt) - start and [e[1] for e in entries] == prompt[start:]
+        if start == 0:
+            assert entries[0][0] is None and meta["input_top_logprobs"][0] is None
+            entries, tops = entries[1:], meta["input_top_logprobs"][1:]
+        else:
+            tops = meta["input_top_logprobs"]
+        assert max(abs(e[0] - x) for e, x in zip(entries, expected[max(start, 1) - 1 :])) < 1e-4
+        assert entries[0][2] == engine.tokenizer.decode([entries[0][1]])
+        best = ref[max(start, 1) - 1].topk(3)
+        assert [t[1] for t in tops[0]] == best.indices.tolist()
+    assert meta["cached_tokens"] == 24
+    gen = engine.generate(input_ids=prompt, sampling_params=greedy(4), return_logprob=True, top_logprobs_num=2)
+    lps = gen["meta_info"]["output_token_logprobs"]
+    assert len(lps) == 4 and all(len(row) == 2 for row in gen["meta_info"]["output_top_logprobs"])
+    assert all(row[0][1] == tok for row, tok in zip(gen["meta_info"]["output_top_logprobs"], gen["output_ids"]))

@@ -1,0 +1,1 @@
+"""The HTTP server: SGLang-native routes, the OpenAI-compatible API, metrics."""

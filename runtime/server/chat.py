@@ -1,0 +1,58 @@
+"""Chat prompts whose earlier assistant turns keep the exact token ids the model produced.
+
+Re-tokenizing generated text does not always give back the same ids (BPE has many spellings
+of one string), and a different id breaks the radix-cache match for the rest of the
+conversation. So the server remembers the ids behind each recent assistant text, renders
+the checkpoint's chat template with a placeholder for each remembered turn, tokenizes the
+template text between placeholders, and splices the remembered ids in. Earlier turns then
+tokenize identically every time, and each new turn hits the previous turns' KV.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from typing import Any
+
+_MARK = "\ue000{}\ue001"  # private-use characters: never in real chat text
+_SPLIT = re.compile("\ue000(\\d+)\ue001")
+
+
+class ChatTokenizer:
+    """Applies the chat template and splices remembered assistant token ids (bounded LRU)."""
+
+    def __init__(self, tokenizer: Any, capacity: int = 8192) -> None:
+        self.tokenizer = tokenizer
+        self.capacity = capacity
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+
+    def remember(self, text: str, ids: list[int]) -> None:
+        """Record that the model produced `ids` for the assistant text `text`."""
+        if not text:
+            return
+        self._ids[text] = list(ids)
+        self._ids.move_to_end(text)
+        while len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+    def encode(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of the conversation followed by the assistant generation prompt."""
+        spliced: list[list[int]] = []
+        rendered = []
+        for m in messages:
+            known = self._ids.get(m["content"]) if m["role"] == "assistant" else None
+            if known is not None:
+                m = {**m, "content": _MARK.format(len(spliced))}
+                spliced.append(known)
+            rendered.append(m)
+        try:
+            text = self.tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # a template that rejects the conversation (e.g. role order)
+            raise ValueError(f"the chat template cannot render these messages: {e}") from None
+        ids: list[int] = []
+        for i, piece in enumerate(_SPLIT.split(text)):
+            if i % 2:
+                ids += spliced[int(piece)]
+            elif piece:
+                ids += self.tokenizer.encode(piece, add_special_tokens=False)
+        return ids

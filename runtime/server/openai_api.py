@@ -1,0 +1,309 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from runtime.server.app import ServerState, read_body, sse
+from runtime.server.errors import ApiError
+from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from runtime.tokenizer_manager import GenerateInput, Prepared
+
+MAX_COMPLETION_LOGPROBS = 5
+MAX_CHAT_TOP_LOGPROBS = 20
+
+
+def openai_routes(router: APIRouter, state: ServerState) -> None:
+    limit = state.args.max_body_bytes
+
+    @router.get("/v1/models")
+    async def models() -> Response:
+        front = state.front()
+        return JSONResponse({"object": "list", "data": [{
+            "id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "arbor",
+            "root": state.model_path, "max_model_len": front.info["context_length"],
+        }]})
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await read_body(request, CompletionRequest, limit)
+        _check_model(state, body.model)
+        if body.echo:
+            raise ApiError(400, "echo is not supported; send the prompt's text back yourself", param="echo")
+        k = body.logprobs
+        if k is not None and not 0 <= k <= MAX_COMPLETION_LOGPROBS:
+            raise ApiError(400, f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}", param="logprobs")
+        prompts = _completion_prompts(body.prompt)
+        params = _sampling(body, body.max_tokens, "max_tokens")
+        inputs = [_input(p, params, body.stream, k, state.salt(body.cache_salt)) for p in prompts]
+        prepared = state.prepare(inputs)
+        meta = _Meta("cmpl", state.model_name)
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return sse(_stream_completions(state, prepared, meta, body.n, k, usage))
+        results = await state.collect(request, prepared)
+        choices = [_completion_choice(i * body.n + o.get("index", 0), o, k) for i, outs in enumerate(results)
+                   for o in outs]
+        return JSONResponse({**meta.head("text_completion"), "choices": choices, "usage": _usage(results)})
+
+    @router.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await read_body(request, ChatCompletionRequest, limit)
+        _check_model(state, body.model)
+        if body.response_format is not None and body.response_format.type != "text":
+            raise ApiError(400, f"response_format {body.response_format.type!r} needs constrained decoding, "
+                                "which this server does not have yet; use type 'text'", param="response_format")
+        top = body.top_logprobs
+        if top is not None and (not body.logprobs or not 0 <= top <= MAX_CHAT_TOP_LOGPROBS):
+            raise ApiError(400, f"top_logprobs needs logprobs=true and must be in [0, {MAX_CHAT_TOP_LOGPROBS}]",
+                           param="top_logprobs")
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        params = _sampling(body, max_tokens, param)
+        if not body.messages:
+            raise ApiError(400, "messages is empty; give at least one message", param="messages")
+        try:
+            ids = state.chat.encode([_message(m) for m in body.messages])
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages") from None
+        k = (top or 0) if body.logprobs else None
+        one = _input(ids, params, body.stream, k, state.salt(body.cache_salt))
+        prepared = state.prepare([one])
+        meta = _Meta("chatcmpl", state.model_name)
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return sse(_stream_chat(state, prepared[0], meta, k, usage))
+        results = await state.collect(request, prepared)
+        for out in results[0]:
+            _remember(state, out)
+        choices = [_chat_choice(o.get("index", 0), o, k) for o in results[0]]
+        return JSONResponse({**meta.head("chat.completion"), "choices": choices, "usage": _usage(results)})
+
+
+# ------------------------------------------------------------------ requests
+
+
+class _Meta:
+    def __init__(self, prefix: str, model: str) -> None:
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+
+    def head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+
+def _check_model(state: ServerState, model: str) -> None:
+    if model not in (state.model_name, state.model_path):
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {state.model_name!r}",
+                       "invalid_request_error", "model")
+
+
+def _completion_prompts(prompt: str | list[Any]) -> list[Any]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise ApiError(400, "prompt is empty", param="prompt")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [list(prompt)]
+    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
+        return list(prompt)
+    raise ApiError(400, "prompt must be a string, a list of strings, token ids, or a list of token-id lists",
+                   param="prompt")
+
+
+def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, name: str) -> dict[str, Any]:
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"{name} must be >= 1, got {max_tokens}", param=name)
+    params: dict[str, Any] = {
+        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "min_p": body.min_p,
+        "seed": body.seed, "min_new_tokens": body.min_tokens, "frequency_penalty": body.frequency_penalty,
+        "presence_penalty": body.presence_penalty, "repetition_penalty": body.repetition_penalty,
+        "ignore_eos": body.ignore_eos, "stop_token_ids": body.stop_token_ids, "stop": body.stop or None,
+        "n": body.n,
+    }
+    if max_tokens is not None:
+        params["max_new_tokens"] = max_tokens
+    else:
+        params["max_new_tokens"] = 1 << 30  # "as long as the context allows": clamped below
+    return params
+
+
+def _input(prompt: Any, params: dict[str, Any], stream: bool, k: int | None, salt: str | None) -> GenerateInput:
+    text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+    return GenerateInput(text=text, input_ids=ids, sampling_params=dict(params), stream=stream,
+                         return_logprob=k is not None, top_logprobs_num=k or 0,
+                         return_text_in_logprobs=k is not None, cache_salt=salt)
+
+
+def _message(m: Any) -> dict[str, Any]:
+    content = m.content
+    if isinstance(content, list):
+        if not all(part.get("type") == "text" and isinstance(part.get("text"), str) for part in content):
+            raise ApiError(400, "only text content parts are supported", param="messages")
+        content = "".join(part["text"] for part in content)
+    return {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+
+
+def _remember(state: ServerState, out: dict[str, Any]) -> None:
+    """Keep the ids behind an assistant answer, so the next turn's prompt reuses its KV."""
+    reason = out["meta_info"]["finish_reason"]
+    ids = out["output_ids"]
+    if reason["type"] == "stop" and isinstance(reason.get("matched"), int) and ids and ids[-1] == reason["matched"]:
+        ids = ids[:-1]  # the template writes the end-of-turn token itself
+    elif reason["type"] != "length":
+        return  # cut by a stop string: text and ids no longer line up
+    state.chat.remember(out["text"], ids)
+
+
+# ----------------------------------------------------------------- responses
+
+
+def _finish_reason(meta: dict[str, Any]) -> str | None:
+    reason = meta["finish_reason"]
+    if reason is None:
+        return None
+    if reason["type"] == "abort":
+        raise ApiError(400, reason.get("message", "the request was aborted"))
+    return "length" if reason["type"] == "length" else "stop"
+
+
+def _usage(results: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    prompt = sum(outs[0]["meta_info"]["prompt_tokens"] for outs in results)
+    completion = sum(o["meta_info"]["completion_tokens"] for outs in results for o in outs)
+    cached = sum(outs[0]["meta_info"]["cached_tokens"] for outs in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _completion_logprobs(meta: dict[str, Any], k: int | None, start: int = 0) -> dict[str, Any] | None:
+    if k is None:
+        return None
+    entries = meta["output_token_logprobs"][start:]
+    tops = meta.get("output_top_logprobs", [[] for _ in meta["output_token_logprobs"]])[start:]
+    offsets, pos = [], 0
+    for e in entries:
+        offsets.append(pos)
+        pos += len(e[2])
+    return {"tokens": [e[2] for e in entries], "token_logprobs": [e[0] for e in entries],
+            "top_logprobs": [{t[2]: t[0] for t in row} for row in tops] if k else None, "text_offset": offsets}
+
+
+def _chat_logprobs(meta: dict[str, Any], k: int | None, start: int = 0) -> dict[str, Any] | None:
+    if k is None:
+        return None
+    entries = meta["output_token_logprobs"][start:]
+    tops = meta.get("output_top_logprobs", [[] for _ in meta["output_token_logprobs"]])[start:]
+
+    def item(e: list[Any]) -> dict[str, Any]:
+        return {"token": e[2], "logprob": e[0], "bytes": list(e[2].encode())}
+
+    return {"content": [{**item(e), "top_logprobs": [item(t) for t in row]} for e, row in zip(entries, tops)]}
+
+
+def _completion_choice(index: int, out: dict[str, Any], k: int | None) -> dict[str, Any]:
+    meta = out["meta_info"]
+    return {"index": index, "text": out["text"], "logprobs": _completion_logprobs(meta, k),
+            "finish_reason": _finish_reason(meta)}
+
+
+def _chat_choice(index: int, out: dict[str, Any], k: int | None) -> dict[str, Any]:
+    meta = out["meta_info"]
+    return {"index": index, "message": {"role": "assistant", "content": out["text"]},
+            "logprobs": _chat_logprobs(meta, k), "finish_reason": _finish_reason(meta)}
+
+
+async def _merged(state: ServerState, prepared: list[Prepared]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """Outputs of several requests as they come, tagged with the request's position."""
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    end = object()
+
+    async def pump(i: int, p: Prepared) -> None:
+        try:
+            async for out in state.outputs(p):
+                await queue.put((i, out))
+            await queue.put((i, end))
+        except Exception as e:
+            await queue.put((i, e))
+
+    with state.admit(len(prepared)):
+        tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                i, item = await queue.get()
+                if item is end:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _Deltas:
+    """Per choice: how much text and how many tokens were already sent."""
+
+    def __init__(self) -> None:
+        self.text: dict[int, int] = {}
+        self.tokens: dict[int, int] = {}
+
+    def step(self, index: int, out: dict[str, Any]) -> tuple[str, int]:
+        sent, start = self.text.get(index, 0), self.tokens.get(index, 0)
+        self.text[index], self.tokens[index] = len(out["text"]), len(out["output_ids"])
+        return out["text"][sent:], start
+
+
+async def _stream_completions(
+    state: ServerState, prepared: list[Prepared], meta: _Meta, n: int, k: int | None, include_usage: bool,
+) -> AsyncIterator[dict[str, Any]]:
+    deltas = _Deltas()
+    finals: dict[int, dict[str, Any]] = {}
+    async for i, out in _merged(state, prepared):
+        index = i * n + out.get("index", 0)
+        text, start = deltas.step(index, out)
+        reason = _finish_reason(out["meta_info"])
+        if reason is not None:
+            finals[index] = out
+        if text or reason is not None:
+            choice = {"index": index, "text": text, "logprobs": _completion_logprobs(out["meta_info"], k, start),
+                      "finish_reason": reason}
+            yield {**meta.head("text_completion"), "choices": [choice]}
+    if include_usage:
+        by_prompt = [[finals[i * n + j] for j in range(n)] for i in range(len(prepared))]
+        yield {**meta.head("text_completion"), "choices": [], "usage": _usage(by_prompt)}
+
+
+async def _stream_chat(
+    state: ServerState, prepared: Prepared, meta: _Meta, k: int | None, include_usage: bool,
+) -> AsyncIterator[dict[str, Any]]:
+    deltas = _Deltas()
+    finals: dict[int, dict[str, Any]] = {}
+    head = meta.head("chat.completion.chunk")
+    n = prepared.msg.n
+    for index in range(n):
+        yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}]}
+    async for _, out in _merged(state, [prepared]):
+        index = out.get("index", 0)
+        text, start = deltas.step(index, out)
+        reason = _finish_reason(out["meta_info"])
+        if text:
+            yield {**head, "choices": [{"index": index, "delta": {"content": text},
+                                        "logprobs": _chat_logprobs(out["meta_info"], k, start), "finish_reason": None}]}
+        if reason is not None:
+            finals[index] = out
+            _remember(state, out)
+            yield {**head, "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}]}
+    if include_usage:
+        yield {**head, "choices": [], "usage": _usage([[finals[i] for i in range(n)]])}
