@@ -1,0 +1,179 @@
+"""The SGLang-native API (/generate and friends), bad inputs, and disconnecting clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+def test_batch_of_text_and_of_input_ids(server):
+    status, outs = server.request("POST", "/generate", {"text": ["Hello", "World"], "sampling_params": GREEDY})
+    assert status == 200 and len(outs) == 2 and all(len(o["output_ids"]) == 12 for o in outs)
+    status, by_ids = server.request("POST", "/generate", {"input_ids": [[15496], [10603]], "sampling_params": GREEDY})
+    assert status == 200 and [o["output_ids"] for o in by_ids] == [o["output_ids"] for o in outs]
+    status, one = server.request("POST", "/generate", {"input_ids": [15496], "sampling_params": GREEDY})
+    assert isinstance(one, dict) and one["output_ids"] == outs[0]["output_ids"]
+    assert one["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+
+
+def test_prefill_only_request_returns_prompt_logprobs(server):
+    body = {"input_ids": list(range(100, 130)), "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+            "logprob_start_len": 10, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    status, out = server.request("POST", "/generate", body)
+    assert status == 200 and out["output_ids"] == [] and out["text"] == ""
+    entries = out["meta_info"]["input_token_logprobs"]
+    assert [e[1] for e in entries] == list(range(110, 130)) and all(e[0] <= 0 for e in entries)
+    assert all(isinstance(e[2], str) for e in entries)
+    assert len(out["meta_info"]["input_top_logprobs"]) == 20
+    body["logprob_start_len"] = 0
+    first = server.request("POST", "/generate", body)[1]["meta_info"]["input_token_logprobs"][0]
+    assert first[0] is None and first[1] == 100
+
+
+def test_sse_framing_and_streamed_text_equals_greedy(server):
+    body = {"text": "The radix tree", "sampling_params": GREEDY}
+    full = server.request("POST", "/generate", body)[1]
+    events = server.sse("/generate", {**body, "stream": True})
+    assert events[-1] == "[DONE]"
+    parsed = [json.loads(e) for e in events[:-1]]
+    assert all(parsed[i]["text"].startswith(parsed[i - 1]["text"]) for i in range(1, len(parsed)))
+    assert parsed[-1]["text"] == full["text"] and parsed[-1]["output_ids"] == full["output_ids"]
+    assert parsed[-1]["meta_info"]["finish_reason"] == full["meta_info"]["finish_reason"]
+
+
+def test_utility_routes(server):
+    status, info = server.request("GET", "/get_model_info")
+    assert status == 200 and info["model_path"].endswith(server.model) and info["context_length"] == 2048
+    assert server.request("POST", "/flush_cache")[0] == 200
+    assert server.request("POST", "/abort_request", {"rid": "no-such-request"})[0] == 200
+    status, text = server.request("GET", "/metrics")
+    assert status == 200 and "arbor_time_to_first_token_seconds_bucket" in text
+    assert "arbor_cache_hit_rate" in text and "arbor_num_running_requests" in text
+
+
+LONG = "x" * 300_000
+BAD_INPUTS = [
+    # (description, method, path, body or raw bytes, status, message fragment)
+    ("malformed JSON", "POST", "/generate", b"{not json", 400, "not valid JSON"),
+    ("body not an object", "POST", "/generate", b"[1, 2]", 400, "invalid request"),
+    ("unknown top-level field", "POST", "/generate", {"text": "a", "frobnicate": 1}, 400, "frobnicate"),
+    ("text of wrong type", "POST", "/generate", {"text": 5}, 400, "invalid request"),
+    ("neither text nor input_ids", "POST", "/generate", {"sampling_params": {}}, 400, "exactly one of"),
+    ("both text and input_ids", "POST", "/generate", {"text": "a", "input_ids": [1]}, 400, "exactly one of"),
+    ("empty input_ids", "POST", "/generate", {"input_ids": []}, 400, "empty"),
+    ("token id out of vocabulary", "POST", "/generate", {"input_ids": [1, 60000]}, 400, "outside the vocabulary"),
+    ("token ids not integers", "POST", "/generate", {"input_ids": ["a"]}, 400, "input_ids"),
+    ("negative max_new_tokens", "POST", "/generate", {"text": "a", "sampling_params": {"max_new_tokens": -1}},
+     400, "max_new_tokens must be"),
+    ("huge max_new_tokens", "POST", "/generate", {"text": "a", "sampling_params": {"max_new_tokens": 10**9}},
+     400, "context length is 2048"),
+    ("unknown sampling parameter", "POST", "/generate", {"text": "a", "sampling_params": {"temp": 0}},
+     400, "unknown sampling parameter"),
+    ("negative temperature", "POST", "/generate", {"text": "a", "sampling_params": {"temperature": -1}},
+     400, "temperature"),
+    ("top_p of zero", "POST", "/generate", {"text": "a", "sampling_params": {"top_p": 0}}, 400, "top_p"),
+    ("huge n", "POST", "/generate", {"text": "a", "sampling_params": {"n": 1000}}, 400, "n must be"),
+    ("prompt over the context", "POST", "/generate", {"input_ids": [1] * 2100}, 400, "context length"),
+    ("bad logprob_start_len", "POST", "/generate", {"text": "a", "return_logprob": True, "logprob_start_len": 99},
+     400, "logprob_start_len"),
+    ("too many top logprobs", "POST", "/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": 500},
+     400, "top_logprobs_num"),
+    ("sampling_params count mismatch", "POST", "/generate",
+     {"text": ["a", "b"], "sampling_params": [{}]}, 400, "2 prompts"),
+    ("stream of a batch", "POST", "/generate", {"text": ["a", "b"], "stream": True}, 400, "single prompt"),
+    ("empty stop string", "POST", "/generate", {"text": "a", "sampling_params": {"stop": [""]}}, 400, "stop must"),
+    ("oversize body", "POST", "/generate", {"text": LONG}, 413, "limit"),
+    ("unknown model", "POST", "/v1/completions", {"model": "gpt-9", "prompt": "a"}, 404, "does not exist"),
+    ("missing model", "POST", "/v1/completions", {"prompt": "a"}, 400, "model"),
+    ("zero max_tokens", "POST", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "max_tokens": 0}, 400, "max_tokens"),
+    ("bad role", "POST", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "robot", "content": "a"}]}, 400, "role"),
+    ("empty messages", "POST", "/v1/chat/completions", {"model": "MODEL", "messages": []}, 400, "messages"),
+    ("completion logprobs too big", "POST", "/v1/completions",
+     {"model": "MODEL", "prompt": "a", "logprobs": 50}, 400, "logprobs"),
+    ("top_logprobs without logprobs", "POST", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 400, "top_logprobs"),
+    ("json_schema before grammar support", "POST", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}},
+     400, "constrained decoding"),
+    ("unknown route", "GET", "/v2/everything", None, 404, "no route"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_gets_a_clear_4xx(server, case):
+    _, method, path, body, status, fragment = case
+    if isinstance(body, dict):
+        body = json.loads(json.dumps(body).replace("MODEL", server.model))
+    raw = body if isinstance(body, bytes) else None
+    got, payload = server.request(method, path, None if raw else body, raw=raw)
+    assert got == status, payload
+    error = payload["error"]
+    assert fragment in error["message"] and error["code"] == status
+    ok, out = server.request("POST", "/generate", {"text": "still up", "sampling_params": {"max_new_tokens": 2}})
+    assert ok == 200 and out["meta_info"]["completion_tokens"] <= 2
+
+
+def test_missing_api_key_is_401_but_health_is_open(server):
+    status, payload = server.request("POST", "/generate", {"text": "a"}, key=None)
+    assert status == 401 and "API key" in payload["error"]["message"]
+    assert server.request("GET", "/health", key=None)[0] == 200
+
+
+async def _stream_client(server, body: dict, leave_after: int | None) -> int:
+    """POST a streaming /generate; read events (or leave after `leave_after`); return events read."""
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    data = json.dumps(body).encode()
+    writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: Bearer {server.key}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    await writer.drain()
+    events = 0
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        if line.startswith(b"data: "):
+            if line.strip() == b"data: [DONE]":
+                break
+            events += 1
+            if leave_after is not None and events >= leave_after:
+                break
+    writer.close()
+    return events
+
+
+def test_64_streams_with_20_disconnects(server):
+    body = {"text": "Concurrent streaming", "stream": True,
+            "sampling_params": {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}}
+
+    async def run() -> list[int]:
+        return await asyncio.gather(*(
+            _stream_client(server, {**body, "sampling_params": {**body["sampling_params"], "max_new_tokens": 400}}, 3)
+            if i % 16 < 5 else _stream_client(server, body, None)
+            for i in range(64)
+        ))
+
+    counts = asyncio.run(run())
+    left = [c for i, c in enumerate(counts) if i % 16 < 5]
+    stayed = [c for i, c in enumerate(counts) if i % 16 >= 5]
+    assert len(left) == 20 and all(c == 3 for c in left)
+    assert len(stayed) == 44 and all(c >= 1 for c in stayed)
+    stats = _idle_stats(server)
+    assert stats["invariant_ok"] == 1.0
+    assert stats["free_slots"] + stats["cache_tokens"] == stats["total_slots"]  # no slot leaked
+
+
+def _idle_stats(server, timeout_s: float = 30.0) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = server.request("GET", "/get_server_info")[1]["stats"]
+        if (stats["running"] == 0 and stats["waiting"] == 0) or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.2)
