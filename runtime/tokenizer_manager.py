@@ -107,13 +107,14 @@ class TokenizerManager:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while len(ready) < len(CHILDREN):
-            if (problem := self.children.dead()) is not None:
-                raise EngineDead(f"{problem} during start-up; its log is above")
-            if loop.time() > deadline:
-                raise EngineDead(f"start-up took over {timeout_s:.0f} s; waiting for {set(CHILDREN) - set(ready)}")
-            try:
+            try:  # a child's own error message, if it sent one, comes before its exit code
                 msg = await asyncio.wait_for(self.inbox.recv(), WATCH_INTERVAL_S)
             except asyncio.TimeoutError:
+                if (problem := self.children.dead()) is not None:
+                    raise EngineDead(f"{problem} during start-up; its log is above") from None
+                if loop.time() > deadline:
+                    raise EngineDead(f"start-up took over {timeout_s:.0f} s; waiting for "
+                                     f"{set(CHILDREN) - set(ready)}") from None
                 continue
             if isinstance(msg, ProcessError):
                 raise EngineDead(f"the {msg.process} process failed to start: {msg.message}")

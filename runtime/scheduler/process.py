@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 import zmq
 
@@ -37,9 +36,11 @@ def run_scheduler(args: ServerArgs, model_path: str, endpoints: dict[str, str]) 
     try:
         sched = Scheduler(args, model_path)
     except Exception as exc:  # e.g. a bad checkpoint: the front door reports this message
-        out.send(ProcessError(process="scheduler", message=f"{type(exc).__name__}: {exc}"))
-        time.sleep(0.5)  # let the message leave before the socket closes
-        return
+        _report(ctx, endpoints, exc)
+        inbox.close()
+        out.close()
+        ctx.term()  # flushes the report
+        raise SystemExit(1) from None
     runner = sched.runner
     out.send(Ready(process="scheduler", info={
         "max_total_tokens": runner.allocator.total_slots, "context_length": runner.context_len,
@@ -49,12 +50,21 @@ def run_scheduler(args: ServerArgs, model_path: str, endpoints: dict[str, str]) 
         _loop(sched, inbox, out, os.getppid())
     except Exception as exc:
         logger.exception("scheduler loop failed")
-        out.send(ProcessError(process="scheduler", message=f"{type(exc).__name__}: {exc}"))
-        time.sleep(0.5)
+        _report(ctx, endpoints, exc)
+        raise SystemExit(1) from None
     finally:
         inbox.close()
         out.close()
         ctx.term()
+
+
+def _report(ctx: zmq.Context, endpoints: dict[str, str], exc: Exception) -> None:
+    """Send a failure straight to the front door (bound before any child starts), waiting
+    up to 2 s for it to leave."""
+    front = Pusher(ctx, endpoints["front"])
+    front.send(ProcessError(process="scheduler", message=f"{type(exc).__name__}: {exc}"))
+    front.sock.setsockopt(zmq.LINGER, 2000)
+    front.close()
 
 
 def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int) -> None:
