@@ -59,11 +59,6 @@ class Req:
         return self.origin_ids + array("i", self.output_ids)
 
     @property
-    def prefilling(self) -> bool:
-        """Still has tokens of the prompt (or of a recompute) without KV."""
-        return self.kv_len < self.seq_len - (1 if self.output_ids else 0)
-
-    @property
     def match_cap(self) -> int:
         """Longest prefix it may take from the cache: at least one token is computed, and
         prompt logprobs need the logits of every position from logprob_start - 1 on."""

@@ -35,25 +35,21 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class CompletionRequest(_Body):
-    """POST /v1/completions."""
+class _OpenAISampling(_Body, kw_only=True):
+    """Fields /v1/completions and /v1/chat/completions share (OpenAI's, then extensions)."""
 
     model: str
-    prompt: str | list[Any]
-    max_tokens: int | None = 16
     temperature: float = 1.0
     top_p: float = 1.0
     n: int = 1
     stop: str | list[str] | None = None
     seed: int | None = None
-    logprobs: int | None = None
-    echo: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     user: str | None = None
-    # Arbor / SGLang extensions
+    # Arbor / SGLang extensions (the openai client's extra_body)
     top_k: int = -1
     min_p: float = 0.0
     min_tokens: int = 0
@@ -61,6 +57,15 @@ class CompletionRequest(_Body):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     cache_salt: str | None = None
+
+
+class CompletionRequest(_OpenAISampling, kw_only=True):
+    """POST /v1/completions."""
+
+    prompt: str | list[Any]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
@@ -74,30 +79,12 @@ class ResponseFormat(_Body):
     json_schema: dict[str, Any] | None = None
 
 
-class ChatCompletionRequest(_Body):
+class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     """POST /v1/chat/completions."""
 
-    model: str
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    stop: str | list[str] | None = None
-    seed: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
     response_format: ResponseFormat | None = None
-    user: str | None = None
-    top_k: int = -1
-    min_p: float = 0.0
-    min_tokens: int = 0
-    repetition_penalty: float = 1.0
-    ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
-    cache_salt: str | None = None
