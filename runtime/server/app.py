@@ -90,13 +90,18 @@ class ServerState:
         except ValueError as e:
             raise ApiError(400, str(e)) from None
 
-    @contextlib.contextmanager
-    def admit(self, count: int):
-        """Count requests in flight; refuse with 429 beyond max_concurrent_requests."""
+    def check_capacity(self, count: int) -> None:
+        """429 when `count` more requests would pass max_concurrent_requests (checked before a
+        stream starts, so the refusal is a status code rather than an error event)."""
         limit = self.args.max_concurrent_requests
         if self.inflight + count > limit:
             raise ApiError(429, f"the server is at its limit of {limit} concurrent requests; retry shortly",
                            "rate_limit_error")
+
+    @contextlib.contextmanager
+    def admit(self, count: int):
+        """Count requests in flight; refuse with 429 beyond max_concurrent_requests."""
+        self.check_capacity(count)
         self.inflight += count
         try:
             yield
@@ -260,6 +265,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
             raise ApiError(400, "stream takes a single prompt; send one request per prompt to stream several")
         prepared = state.prepare(inputs)
         if body.stream:
+            state.check_capacity(1)
             return sse(_admitted(state, state.outputs(prepared[0])))
         results = [out for outs in await state.collect(request, prepared) for out in outs]
         return JSONResponse(results[0] if single and len(results) == 1 else results)

@@ -47,6 +47,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         meta = _Meta("cmpl", state.model_name)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
+            state.check_capacity(len(prepared))
             return sse(_stream_completions(state, prepared, meta, body.n, k, usage))
         results = await state.collect(request, prepared)
         choices = [_completion_choice(i * body.n + o.get("index", 0), o, k) for i, outs in enumerate(results)
@@ -79,6 +80,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         meta = _Meta("chatcmpl", state.model_name)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
+            state.check_capacity(1)
             return sse(_stream_chat(state, prepared[0], meta, k, usage))
         results = await state.collect(request, prepared)
         for out in results[0]:
