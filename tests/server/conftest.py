@@ -105,3 +105,17 @@ def client(server):
     import openai
 
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0)
+
+
+@pytest.fixture
+def launch(tiny_model):
+    """launch(*flags) -> a Server on the tiny checkpoint, stopped after the test."""
+    started: list[Server] = []
+
+    def start(*flags: str) -> Server:
+        started.append(start_server(str(tiny_model("llama")), *flags))
+        return started[-1]
+
+    yield start
+    for s in started:
+        stop_server(s)

@@ -1,0 +1,51 @@
+"""Cache namespaces (cache_salt) and the concurrent-request limit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+
+def test_different_cache_salts_never_share_prefixes(server):
+    body = {"input_ids": list(range(2000, 2100)), "sampling_params": {"max_new_tokens": 1}}
+    first = server.request("POST", "/generate", {**body, "cache_salt": "tenant-a"})[1]
+    same = server.request("POST", "/generate", {**body, "cache_salt": "tenant-a"})[1]
+    other = server.request("POST", "/generate", {**body, "cache_salt": "tenant-b"})[1]
+    unsalted = server.request("POST", "/generate", body)[1]
+    assert first["meta_info"]["cached_tokens"] == 0 and same["meta_info"]["cached_tokens"] == 99
+    assert other["meta_info"]["cached_tokens"] == 0 and unsalted["meta_info"]["cached_tokens"] == 0
+
+
+async def _status_of_stream(server, body: dict) -> tuple[int, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    data = json.dumps(body).encode()
+    writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    return status, writer
+
+
+def test_requests_over_the_concurrency_limit_get_429(launch):
+    server = launch("--max-concurrent-requests", "2")
+    long = {"input_ids": [1, 2, 3], "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+
+    async def run() -> list[int]:
+        a, wa = await _status_of_stream(server, long)
+        b, wb = await _status_of_stream(server, long)
+        await asyncio.sleep(0.5)
+        c, wc = await _status_of_stream(server, long)
+        for w in (wa, wb, wc):
+            w.close()
+        return [a, b, c]
+
+    assert asyncio.run(run()) == [200, 200, 429]
+    for _ in range(50):  # capacity comes back once the disconnected streams are aborted
+        status, payload = server.request("POST", "/generate", {"input_ids": [1, 2], "sampling_params": {
+            "max_new_tokens": 2}}, key=None)
+        if status != 429:
+            break
+        time.sleep(0.1)
+    assert status == 200 and len(payload["output_ids"]) <= 2
