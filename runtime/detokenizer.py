@@ -135,7 +135,7 @@ def run_detokenizer(tokenizer_path: str, endpoints: dict[str, str]) -> None:
                     scheduler.send(AbortReq(rid=rid))
                 if texts:
                     front.send(BatchTextOut(outs=texts))
-            elif isinstance(msg, (Ready, ProcessError, Stats)):
+            elif isinstance(msg, (Ready, Stats)):
                 front.send(msg)
             elif isinstance(msg, ShutdownReq):
                 return

@@ -135,5 +135,5 @@ class BatchTextOut(_Msg):
 
 
 ToScheduler = TokenizedGenerateReq | AbortReq | FlushCacheReq | StatsReq | ShutdownReq
-ToDetokenizer = BatchTokenOut | Ready | ProcessError | Stats | ShutdownReq
+ToDetokenizer = BatchTokenOut | Ready | Stats | ShutdownReq
 ToFront = BatchTextOut | Ready | ProcessError | Stats
