@@ -71,6 +71,18 @@ class ServerArgs:
     max_concurrent_requests: int = _opt(
         1024, "Requests in flight at once; more are refused with 429 until some finish."
     )
+    grammar_workers: int = _opt(2, "Constraint compile worker processes (each compiles one grammar at a time).")
+    grammar_compile_timeout_s: float = _opt(
+        10.0, "Longest a constraint may compile; slower ones end their request with an error."
+    )
+    grammar_max_memory_mb: int = _opt(
+        4096, "Address-space cap of a compile worker; a constraint needing more fails alone."
+    )
+    grammar_cache_mb: int = _opt(512, "Compiled constraints kept in memory (LRU, by index size).")
+    grammar_cache_dir: str | None = _opt(None, "Directory for compiled constraints on disk; empty = none.")
+    disable_jump_forward: bool = _opt(
+        False, "Sample every token of constrained output, even where the grammar forces the text."
+    )
     log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
 
     def __post_init__(self) -> None:
@@ -82,6 +94,8 @@ class ServerArgs:
             raise ValueError("chunked_prefill_size must be >= 0 and max_prefill_tokens >= 1")
         if min(self.max_n, self.max_batch_prompts, self.max_concurrent_requests, self.max_body_bytes) < 1:
             raise ValueError("max_n, max_batch_prompts, max_concurrent_requests and max_body_bytes must be >= 1")
+        if self.grammar_workers < 1 or self.grammar_compile_timeout_s <= 0 or self.grammar_max_memory_mb < 256:
+            raise ValueError("grammar_workers must be >= 1, grammar_compile_timeout_s > 0, grammar_max_memory_mb >= 256")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from grammar.constraint import Constraint
 from runtime.sampling_params import SamplingParams
 
 
@@ -44,6 +45,7 @@ class TokenizedGenerateReq(_Msg):
     top_logprobs_num: int = 0
     cache_salt: str | None = None
     stop: list[str] = []
+    constraint: Constraint | None = None  # regex / json_schema / choices / json_object
 
 
 class AbortReq(_Msg):

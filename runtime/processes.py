@@ -84,7 +84,7 @@ def _main(role: str, raw: str) -> None:
     if role == "scheduler":
         from runtime.scheduler.process import run_scheduler
 
-        run_scheduler(spec.args, spec.model_path, spec.endpoints)
+        run_scheduler(spec.args, spec.model_path, spec.tokenizer_path, spec.endpoints)
     elif role == "detokenizer":
         from runtime.detokenizer import run_detokenizer
 

@@ -49,6 +49,8 @@ class TinySpec:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 2048
     rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    # A SentencePiece `tokenizer.model` to use instead of GPT-2's BPE (e.g. Llama 2's).
+    sentencepiece_model: str | None = None
 
     def key(self) -> str:
         """A short stable digest of the spec, for cache directory names."""
@@ -70,8 +72,11 @@ def make_tiny_model(
     config = _hf_config(spec)
     config.save_pretrained(out)
     _write_weights(out, _random_weights(spec, config), max_shard_bytes)
-    _write_tokenizer(out, spec.max_position_embeddings)
-    _write_generation_config(out)
+    if spec.sentencepiece_model:
+        _write_sentencepiece_tokenizer(out, spec)
+    else:
+        _write_tokenizer(out, spec.max_position_embeddings)
+    _write_generation_config(out, *_special_ids(spec))
     return out
 
 
@@ -97,7 +102,7 @@ def _hf_config(spec: TinySpec) -> Any:
     classes = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}
     head_dim = spec.head_dim or spec.hidden // spec.heads
     kwargs: dict[str, Any] = dict(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=_vocab_size(spec),
         hidden_size=spec.hidden,
         intermediate_size=spec.intermediate or 3 * spec.hidden,
         num_hidden_layers=spec.layers,
@@ -107,8 +112,8 @@ def _hf_config(spec: TinySpec) -> Any:
         max_position_embeddings=spec.max_position_embeddings,
         rms_norm_eps=1e-6,
         tie_word_embeddings=spec.tie_word_embeddings,
-        bos_token_id=EOS_TOKEN_ID,
-        eos_token_id=EOS_TOKEN_ID,
+        bos_token_id=_special_ids(spec)[0],
+        eos_token_id=_special_ids(spec)[1],
         architectures=[_ARCH_CLASS[spec.arch]],
     )
     if spec.rope_scaling is not None:
@@ -130,7 +135,8 @@ def _random_weights(spec: TinySpec, config: Any) -> dict[str, torch.Tensor]:
     """Hugging Face-named weights drawn from one seeded generator in a fixed order."""
     h, inter = config.hidden_size, config.intermediate_size
     hd, nq, nkv = config.head_dim, config.num_attention_heads, config.num_key_value_heads
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB_SIZE, h)}
+    vocab = _vocab_size(spec)
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, h)}
     for i in range(spec.layers):
         p = f"model.layers.{i}."
         shapes |= {
@@ -150,7 +156,7 @@ def _random_weights(spec: TinySpec, config: Any) -> dict[str, torch.Tensor]:
             shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
     shapes["model.norm.weight"] = (h,)
     if not spec.tie_word_embeddings:
-        shapes["lm_head.weight"] = (VOCAB_SIZE, h)
+        shapes["lm_head.weight"] = (vocab, h)
     gen = torch.Generator().manual_seed(spec.seed)
     weights = {}
     for name in sorted(shapes):
@@ -205,6 +211,36 @@ def _write_tokenizer(out: Path, max_len: int) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
-def _write_generation_config(out: Path) -> None:
-    config = {"bos_token_id": EOS_TOKEN_ID, "eos_token_id": EOS_TOKEN_ID, "do_sample": False}
+def _vocab_size(spec: TinySpec) -> int:
+    if not spec.sentencepiece_model:
+        return VOCAB_SIZE
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_file=spec.sentencepiece_model).get_piece_size()
+
+
+def _special_ids(spec: TinySpec) -> tuple[int, int]:
+    """(bos, eos) token ids."""
+    return (1, 2) if spec.sentencepiece_model else (EOS_TOKEN_ID, EOS_TOKEN_ID)
+
+
+def _write_sentencepiece_tokenizer(out: Path, spec: TinySpec) -> None:
+    assert spec.sentencepiece_model is not None
+    shutil.copyfile(spec.sentencepiece_model, out / "tokenizer.model")
+    config = {
+        "tokenizer_class": "LlamaTokenizer",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "legacy": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": spec.max_position_embeddings,
+        "chat_template": CHAT_TEMPLATE.replace("<|endoftext|>", "</s>"),
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def _write_generation_config(out: Path, bos: int, eos: int) -> None:
+    config = {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(config, indent=2))

@@ -12,6 +12,9 @@ from typing import Any
 
 import zmq.asyncio
 
+from grammar import Constraint, constraint_from_params, plan
+from grammar.constraint import check_output
+
 from runtime.config import ServerArgs
 from runtime.ipc import AsyncPuller, AsyncPusher
 from runtime.messages import (
@@ -65,6 +68,7 @@ class Prepared:
     rids: list[str]
     ids: list[int]
     return_text_in_logprobs: bool = False
+    unenforced: list[str] = field(default_factory=list)  # schema keywords validated after the fact
 
 
 @dataclass
@@ -141,7 +145,7 @@ class TokenizerManager:
         """Validate and tokenize one prompt; raises ValueError naming what to change."""
         self._check_alive()
         ids = self._tokenize(req)
-        params, stop, n = self._params(ids, req.sampling_params)
+        params, stop, n, constraint = self._params(ids, req.sampling_params)
         start = _logprob_args(req, len(ids))
         rid = req.rid or uuid.uuid4().hex
         rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
@@ -150,9 +154,10 @@ class TokenizerManager:
         msg = TokenizedGenerateReq(
             rid=rid, input_ids=pack_ids(ids), sampling=params, n=n, stream=req.stream,
             return_logprob=req.return_logprob, logprob_start_len=start, top_logprobs_num=req.top_logprobs_num,
-            cache_salt=req.cache_salt, stop=stop,
+            cache_salt=req.cache_salt, stop=stop, constraint=constraint,
         )
-        return Prepared(msg, rids, ids, req.return_text_in_logprobs)
+        unenforced = plan(constraint).unenforced if constraint is not None else []
+        return Prepared(msg, rids, ids, req.return_text_in_logprobs, unenforced)
 
     async def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
         """`prepare` then `run`."""
@@ -241,10 +246,12 @@ class TokenizerManager:
             )
         return ids
 
-    def _params(self, ids: list[int], raw: dict[str, Any] | None) -> tuple[SamplingParams, list[str], int]:
+    def _params(self, ids: list[int], raw: dict[str, Any] | None
+                ) -> tuple[SamplingParams, list[str], int, Constraint | None]:
         if raw is not None and not isinstance(raw, dict):
             raise ValueError(f"sampling_params must be an object, got {type(raw).__name__}")
         raw = dict(raw or {})
+        constraint = constraint_from_params(raw)
         stop = _stop_strings(raw.pop("stop", None))
         n = raw.pop("n", 1)
         max_n = self.args.max_n
@@ -262,7 +269,7 @@ class TokenizerManager:
         if need > total:
             raise ValueError(f"request needs {need} KV slots (prompt + max_new_tokens) but the cache holds "
                              f"{total}; lower max_new_tokens or raise max_total_tokens")
-        return params, stop, n
+        return params, stop, n, constraint
 
     def _check_alive(self) -> None:
         if self.dead is not None:
@@ -331,6 +338,8 @@ class TokenizerManager:
                 if msg.top_logprobs_num:
                     rows = [[entry(lp, t) for lp, t in row] for row in s.input_top_logprobs]
                     meta["input_top_logprobs"] = ([None] if start == 0 else []) + rows
+        if prepared.unenforced and last.finish_reason is not None:
+            meta["schema_check"] = check_output(prepared.msg.constraint, s.text, prepared.unenforced)
         out: dict[str, Any] = {"text": s.text, "output_ids": list(s.output_ids), "meta_info": meta}
         if msg.n > 1:
             out["index"] = s.index

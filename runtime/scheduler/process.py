@@ -25,16 +25,17 @@ from runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger("arbor.scheduler")
 IDLE_POLL_MS = 1000
+GRAMMAR_POLL_MS = 2
 
 
-def run_scheduler(args: ServerArgs, model_path: str, endpoints: dict[str, str]) -> None:
+def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoints: dict[str, str]) -> None:
     """Process entry: load the model, announce readiness, then loop until shut down."""
     logging.basicConfig(level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
     ctx = zmq.Context()
     inbox = Puller(ctx, endpoints["scheduler"], ToScheduler)
     out = Pusher(ctx, endpoints["detokenizer"])
     try:
-        sched = Scheduler(args, model_path)
+        sched = Scheduler(args, model_path, tokenizer_path)
     except Exception as exc:  # e.g. a bad checkpoint: the front door reports this message
         _report(ctx, endpoints, exc)
         inbox.close()
@@ -53,6 +54,7 @@ def run_scheduler(args: ServerArgs, model_path: str, endpoints: dict[str, str]) 
         _report(ctx, endpoints, exc)
         raise SystemExit(1) from None
     finally:
+        sched.close()
         inbox.close()
         out.close()
         ctx.term()
@@ -70,7 +72,13 @@ def _report(ctx: zmq.Context, endpoints: dict[str, str], exc: Exception) -> None
 def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int) -> None:
     checked_idle = True
     while True:
-        msgs = inbox.drain() if sched.has_work else _wait(inbox, parent)
+        if sched.busy:
+            msgs = inbox.drain()
+        elif sched.has_work:  # only grammars compiling: poll, do not spin
+            msg = inbox.recv(timeout_ms=GRAMMAR_POLL_MS)
+            msgs = [] if msg is None else [msg, *inbox.drain()]
+        else:
+            msgs = _wait(inbox, parent)
         if msgs is None:
             return
         outs = []

@@ -47,6 +47,9 @@ class Req:
     retractions: int = 0
     sent_ids: int = 0  # output ids already sent down the ring
     finish_reason: dict[str, Any] | None = None
+    constraint: Any = None  # grammar.Constraint of a constrained request
+    grammar_future: Any = None  # Future of its CompiledGrammar while it compiles
+    matcher: Any = None  # grammar.GrammarMatcher once compiled
 
     @property
     def seq_len(self) -> int:
@@ -71,6 +74,12 @@ class Req:
     def wants_prompt_logprobs(self) -> bool:
         """Prompt logprobs asked for and not yet computed (a recompute never redoes them)."""
         return self.logprob_start >= 0 and self.retractions == 0 and not self.output_ids
+
+    @property
+    def pending_len(self) -> int:
+        """Tokens sampled or forced but not yet forwarded (1 while decoding; more after a
+        jump-forward)."""
+        return self.seq_len - self.kv_len
 
     @property
     def remaining_new_tokens(self) -> int:

@@ -20,6 +20,7 @@ from runtime.model.forward_batch import ForwardBatch, ForwardMode
 from runtime.model.penalties import apply_penalties, block_stop_tokens
 from runtime.model.runner import ModelRunner
 from runtime.model.sampler import Sampler, SamplingBatch
+from runtime.scheduler.grammar import GrammarBackend
 from runtime.scheduler.kv_manager import KVManager
 from runtime.scheduler.policy import order_waiting
 from runtime.scheduler.req import Req
@@ -36,8 +37,9 @@ IN_BATCH_SHARE_MIN = 32  # tokens; a request sharing this much with one being pr
 class Scheduler:
     """Owns the ModelRunner, the KV bookkeeping and the waiting / running queues."""
 
-    def __init__(self, args: ServerArgs, model_path: str) -> None:
+    def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str | None = None) -> None:
         self.args = args
+        self.tokenizer_path = tokenizer_path or model_path
         self.runner = ModelRunner(args, model_path)
         tree = None if args.disable_radix_cache else RadixCache(args.page_size)
         self.tree = tree
@@ -45,13 +47,15 @@ class Scheduler:
         self.sampler = Sampler(args.random_seed, self.runner.device)
         self.eos_ids = list(self.runner.config.eos_token_ids)
         self.waiting: list[Req] = []
+        self.grammar: GrammarBackend | None = None  # started by the first constrained request
+        self.compiling: list[Req] = []  # constrained requests whose grammar is not ready yet
         self.running: list[Req] = []  # decoding
         self.chunked: Req | None = None  # mid-prefill of a long prompt
         self.last_was_chunk = False
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._arrivals = 0
         self.counters = {"prefill_steps": 0, "decode_steps": 0, "retractions": 0, "prompt_tokens": 0,
-                         "cached_tokens": 0, "generated_tokens": 0}
+                         "cached_tokens": 0, "generated_tokens": 0, "forced_tokens": 0}
 
     # -------------------------------------------------------------- intake
 
@@ -76,20 +80,58 @@ class Scheduler:
         if problem is not None:
             reason = {"type": "abort", "message": problem}
             return [ReqOut(rid=r, new_ids=b"", finish_reason=reason, prompt_tokens=len(ids)) for r in rids]
+        future = self._grammar().submit(msg.constraint) if msg.constraint is not None else None
         for i, rid in enumerate(rids):
             self._arrivals += 1
             # Seeded n > 1: sample i draws from seed + i, so the samples differ yet reproduce.
             own = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
-            self.waiting.append(Req(rid, ids, own, group=msg.rid, stream=msg.stream, return_logprob=msg.return_logprob,
-                                    logprob_start=msg.logprob_start_len if msg.return_logprob else -1,
-                                    top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
-                                    cache_salt=msg.cache_salt, stop=list(msg.stop), arrival=self._arrivals))
+            req = Req(rid, ids, own, group=msg.rid, stream=msg.stream, return_logprob=msg.return_logprob,
+                      logprob_start=msg.logprob_start_len if msg.return_logprob else -1,
+                      top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
+                      cache_salt=msg.cache_salt, stop=list(msg.stop), arrival=self._arrivals,
+                      constraint=msg.constraint, grammar_future=future)
+            (self.compiling if future is not None else self.waiting).append(req)
         return []
+
+    def _grammar(self) -> GrammarBackend:
+        if self.grammar is None:
+            self.grammar = GrammarBackend(self.args, self.tokenizer_path, self.eos_ids, self.runner.config.vocab_size)
+        return self.grammar
+
+    def _grammars_ready(self) -> list[ReqOut]:
+        """Move requests whose grammar compiled to the waiting queue; end those that failed."""
+        outs, still = [], []
+        for req in self.compiling:
+            future = req.grammar_future
+            if not future.done():
+                still.append(req)
+                continue
+            req.grammar_future = None
+            if future.exception() is not None:
+                req.finish_reason = {"type": "abort", "message": str(future.exception()), "status": 400}
+                outs.append(self._out(req))
+                continue
+            assert self.grammar is not None
+            self.grammar.start(req, future.result())
+            self.counters["forced_tokens"] += len(req.output_ids)
+            if req.matcher.is_terminated() or req.remaining_new_tokens == 0:
+                kind = "stop" if req.matcher.is_terminated() else "length"
+                req.finish_reason = {"type": kind, "matched": None} if kind == "stop" else {"type": "length"}
+                outs.append(self._out(req))
+            else:
+                self.waiting.append(req)
+        self.compiling = still
+        return outs
+
+    def close(self) -> None:
+        """Stop the grammar compile workers."""
+        if self.grammar is not None:
+            self.grammar.close()
 
     def abort(self, rid: str) -> list[ReqOut]:
         """End the request with exactly this rid (or, for n > 1, its samples) and free its KV now."""
         outs = []
-        for req in [r for r in self.waiting + self.running + [self.chunked] if r is not None]:
+        for req in [r for r in self.compiling + self.waiting + self.running + [self.chunked] if r is not None]:
             if rid in (req.rid, req.group):
                 req.finish_reason = {"type": "abort", "message": "aborted"}
                 outs.append(self._finish(req))
@@ -102,6 +144,11 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
+        return bool(self.busy or self.compiling)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a step would run a forward pass."""
         return bool(self.waiting or self.running or self.chunked)
 
     # ---------------------------------------------------------------- step
@@ -109,12 +156,13 @@ class Scheduler:
     @torch.inference_mode()
     def step(self) -> list[ReqOut]:
         """Run one forward pass (prefill if admitted, else decode) and return what it produced."""
+        outs = self._grammars_ready() if self.compiling else []
         batch = self._prefill_batch()
         if batch:
-            return self._run_prefill(batch)
+            return outs + self._run_prefill(batch)
         if self.running:
-            return self._run_decode()
-        return []
+            return outs + self._run_decode()
+        return outs
 
     def _prefill_batch(self) -> list[tuple[Req, int]]:
         """Requests to prefill now with the end position of each one's chunk."""
@@ -238,7 +286,7 @@ class Scheduler:
     def _run_decode(self) -> list[ReqOut]:
         ends = None
         while self.running:
-            ends = [r.kv_len + 1 for r in self.running]
+            ends = [r.seq_len for r in self.running]
             loc = self.kv.reserve(self.running, ends)
             if loc is not None:
                 break
@@ -246,12 +294,15 @@ class Scheduler:
         if not self.running:
             return []
         reqs = self.running
-        fb = ForwardBatch.build(ForwardMode.DECODE, [[r.output_ids[-1]] for r in reqs],
+        # After a jump-forward a request has several forced tokens to forward: extend then.
+        jumped = any(r.pending_len > 1 for r in reqs)
+        new = [r.fill_ids()[r.kv_len :].tolist() if jumped else [r.output_ids[-1]] for r in reqs]
+        fb = ForwardBatch.build(ForwardMode.EXTEND if jumped else ForwardMode.DECODE, new,
                                 [r.kv_len for r in reqs], [r.row for r in reqs], loc,
                                 self.runner.req_to_token.table)
         logits = self.runner.forward(fb).next_token_logits
         for r in reqs:
-            r.kv_len += 1
+            r.kv_len = r.seq_len
         self.counters["decode_steps"] += 1
         self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         outs = self._sample_and_finish(reqs, logits)
@@ -268,6 +319,8 @@ class Scheduler:
                  if len(r.output_ids) < r.params.min_new_tokens]
         if early:
             block_stop_tokens(logits, [i for i, _ in early], [ids for _, ids in early])
+        if self.grammar is not None:
+            self.grammar.apply_masks(reqs, logits)
         sampling = SamplingBatch.build(params, [len(r.output_ids) for r in reqs], logits.shape[-1],
                                        self.runner.device)
         tokens = self.sampler(logits, sampling)
@@ -286,6 +339,8 @@ class Scheduler:
                     req.top_logprobs.append(top[i][: req.top_logprobs_num])
             self.counters["generated_tokens"] += 1
             req.finish_reason = self._finish_reason(req, tok)
+            if req.matcher is not None and req.finish_reason is None:
+                req.finish_reason = self._grammar_step(req, tok)
             if req.finish_reason is not None:
                 outs.append(self._finish(req))
             elif req.stream or req.stop:
@@ -302,6 +357,20 @@ class Scheduler:
             return {"type": "length", "length": len(req.output_ids)}
         return None
 
+    def _grammar_step(self, req: Req, tok: int) -> dict[str, Any] | None:
+        """Advance the request's grammar (maybe jumping forward); a finish reason if it ends."""
+        assert self.grammar is not None
+        before = len(req.output_ids)
+        error = self.grammar.advance(req, tok)
+        if error is not None:
+            return {"type": "abort", "message": error}
+        self.counters["forced_tokens"] += len(req.output_ids) - before
+        if req.matcher.is_terminated():
+            return {"type": "stop", "matched": None}
+        if len(req.output_ids) >= req.params.max_new_tokens:
+            return {"type": "length", "length": len(req.output_ids)}
+        return None
+
     def _finish(self, req: Req) -> ReqOut:
         if req.row >= 0:
             self.kv.release(req)
@@ -309,6 +378,7 @@ class Scheduler:
             self.chunked = None
         self.waiting = [r for r in self.waiting if r is not req]
         self.running = [r for r in self.running if r is not req]
+        self.compiling = [r for r in self.compiling if r is not req]
         return self._out(req)
 
     def _out(self, req: Req) -> ReqOut:

@@ -1,0 +1,95 @@
+"""Constraint: what a request's output must match, as it travels to the scheduler."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import msgspec
+
+from grammar.json_schema import RegexPlan, any_json_regex, regex_for_choices, schema_to_regex
+from grammar.regex_parts import SchemaError
+
+KINDS = ("json_schema", "regex", "choices", "json_object")
+MAX_CONSTRAINT_CHARS = 200_000
+
+
+class Constraint(msgspec.Struct, frozen=True, tag=True):
+    """kind: json_schema | regex | choices | json_object; text: its canonical source. Frozen,
+    so it keys the compile cache."""
+
+    kind: str
+    text: str = ""
+
+
+def constraint_from_params(params: dict[str, Any]) -> Constraint | None:
+    """Pop `regex`, `json_schema`, `choices` or `json_object` from a sampling-params dict;
+    raises ValueError (an HTTP 400) when it is malformed or there is more than one."""
+    given = {k: params.pop(k) for k in KINDS if params.get(k) is not None}
+    for k in KINDS:
+        params.pop(k, None)
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError(f"give at most one of {', '.join(KINDS)}; got {', '.join(given)}")
+    kind, value = next(iter(given.items()))
+    if kind == "json_object":
+        if value is not True:
+            raise ValueError("json_object must be true")
+        constraint = Constraint("json_object")
+    elif kind == "json_schema":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"json_schema is not valid JSON: {exc}") from None
+        if not isinstance(value, (dict, bool)):
+            raise ValueError("json_schema must be a JSON Schema object (or its JSON text)")
+        constraint = Constraint("json_schema", json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    elif kind == "choices":
+        constraint = Constraint("choices", json.dumps(value, ensure_ascii=False))
+    else:
+        if not isinstance(value, str) or not value:
+            raise ValueError("regex must be a non-empty string")
+        constraint = Constraint("regex", value)
+    if len(constraint.text) > MAX_CONSTRAINT_CHARS:
+        raise ValueError(f"{kind} has {len(constraint.text):,} characters; the limit is {MAX_CONSTRAINT_CHARS:,}")
+    plan(constraint)  # fail fast on what can be checked without compiling
+    return constraint
+
+
+def plan(constraint: Constraint) -> RegexPlan:
+    """The regex a constraint compiles to; raises ValueError naming the problem."""
+    try:
+        if constraint.kind == "json_schema":
+            return schema_to_regex(json.loads(constraint.text))
+        if constraint.kind == "json_object":
+            return RegexPlan(any_json_regex(top_object=True))
+        if constraint.kind == "choices":
+            return RegexPlan(regex_for_choices(json.loads(constraint.text)))
+        if constraint.kind == "regex":
+            try:
+                re.compile(constraint.text)
+            except re.error as exc:
+                raise SchemaError(f"regex {constraint.text[:80]!r} is invalid: {exc}") from None
+            if "\\x00" in constraint.text or "\x00" in constraint.text:
+                raise SchemaError("regex may not match the NUL character")
+            return RegexPlan(constraint.text)
+    except SchemaError as exc:
+        raise ValueError(f"{constraint.kind}: {exc}") from None
+    raise ValueError(f"unknown constraint kind {constraint.kind!r}; use one of {', '.join(KINDS)}")
+
+
+def check_output(constraint: Constraint | None, text: str, unenforced: list[str]) -> dict[str, Any]:
+    """Validate a finished output against the keywords its regex could not enforce."""
+    import jsonschema
+
+    result: dict[str, Any] = {"unenforced": unenforced, "valid": True, "error": None}
+    if constraint is None or constraint.kind != "json_schema":
+        return result
+    try:
+        jsonschema.validate(json.loads(text), json.loads(constraint.text))
+    except (json.JSONDecodeError, jsonschema.ValidationError, jsonschema.SchemaError) as exc:
+        result.update(valid=False, error=str(exc).split("\n")[0][:300])
+    return result

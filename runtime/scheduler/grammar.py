@@ -1,0 +1,135 @@
+"""The scheduler's side of constrained decoding: compile service, masks, jump-forward.
+
+The tokenizer, vocabulary and compiler are built on a background thread when the first
+constrained request arrives, so unconstrained serving pays nothing and the loop never waits.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from grammar import Constraint, GrammarCompiler, GrammarMatcher, Retokenizer, TokenVocabulary
+from grammar.compiler import CompilerConfig
+from kernels.bitmask import apply_token_bitmask
+from runtime.config import ServerArgs
+from runtime.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+
+class GrammarBackend:
+    """Compiles constraints asynchronously and steps each constrained request's matcher."""
+
+    def __init__(self, args: ServerArgs, tokenizer_path: str, eos_ids: list[int], logits_size: int) -> None:
+        self.jump_forward = not args.disable_jump_forward
+        self.config = CompilerConfig(workers=args.grammar_workers, timeout_s=args.grammar_compile_timeout_s,
+                                     memory_mb=args.grammar_max_memory_mb, cache_mb=args.grammar_cache_mb,
+                                     cache_dir=args.grammar_cache_dir)
+        self._setup_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-setup")
+        self._setup: Future = self._setup_pool.submit(self._build, tokenizer_path, eos_ids, logits_size)
+        self.compiler: GrammarCompiler | None = None
+        self.retokenizer: Retokenizer | None = None
+
+    def _build(self, tokenizer_path: str, eos_ids: list[int], logits_size: int) -> None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
+        vocab = TokenVocabulary.from_tokenizer(tokenizer, eos_ids, logits_size)
+        self.retokenizer = Retokenizer(tokenizer, vocab)
+        self.compiler = GrammarCompiler(vocab, self.config)
+
+    def submit(self, constraint: Constraint) -> Future:
+        """A Future of the CompiledGrammar (exception: a message for the user)."""
+        out: Future = Future()
+
+        def start(setup: Future) -> None:
+            if setup.exception() is not None:
+                out.set_exception(setup.exception())
+                return
+            assert self.compiler is not None
+            self.compiler.submit(constraint).add_done_callback(lambda f: _copy_result(f, out))
+
+        self._setup.add_done_callback(start)
+        return out
+
+    def close(self) -> None:
+        self._setup_pool.shutdown(wait=False)
+        if self.compiler is not None:
+            self.compiler.close()
+
+    # ------------------------------------------------------------ per step
+
+    def start(self, req: Req, grammar: Any) -> None:
+        """Give a request its matcher and write the opening forced text as output tokens."""
+        req.matcher = GrammarMatcher(grammar)
+        if self.jump_forward and not req.output_ids:
+            forced = self._forced_tokens(req, b"", req.params.max_new_tokens)
+            if forced and req.matcher.accept_tokens(forced):
+                self._append_forced(req, forced)
+
+    def apply_masks(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        """Set the logits of every token a request's grammar forbids to -inf, in place."""
+        rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
+        if not rows:
+            return
+        assert self.compiler is not None
+        mask = np.full((len(reqs), self.compiler.tables.words), -1, dtype=np.int32)
+        for i in rows:
+            reqs[i].matcher.fill_bitmask(mask[i])
+        apply_token_bitmask(logits, torch.from_numpy(mask).to(logits.device))
+
+    def advance(self, req: Req, token: int) -> str | None:
+        """Feed the sampled token (already appended to output_ids); then jump forward where
+        the grammar forces text. Returns an error message if the token was not allowed."""
+        matcher = req.matcher
+        before = matcher.state
+        if not matcher.accept_token(token):
+            return f"token {token} is not allowed by the grammar"
+        if not self.jump_forward or matcher.is_terminated():
+            return None
+        room = req.remaining_new_tokens + 1  # the sampled token is replaced too
+        assert self.retokenizer is not None
+        last = self.retokenizer.token_bytes[token] or b""
+        forced = self._forced_tokens(req, last, room)
+        if not forced or forced == [token]:
+            return None
+        after = matcher.state
+        matcher.state = before
+        if not matcher.accept_tokens(forced):
+            matcher.state = after
+            return None
+        req.output_ids.pop()
+        first_logprob = req.logprobs.pop() if req.return_logprob and req.logprobs else None
+        first_top = req.top_logprobs.pop() if req.top_logprobs_num and req.top_logprobs else None
+        self._append_forced(req, forced, first_logprob, first_top)
+        return None
+
+    def _forced_tokens(self, req: Req, prefix: bytes, room: int) -> list[int]:
+        """Tokens for `prefix` + the forced bytes of the matcher's state, at most `room`."""
+        forced = req.matcher.forced_bytes()
+        if not forced or room <= 0:
+            return []
+        assert self.retokenizer is not None
+        return self.retokenizer.encode(prefix + forced)[:room]
+
+    def _append_forced(self, req: Req, tokens: list[int], first_logprob: float | None = None,
+                       first_top: list | None = None) -> None:
+        """Append forced tokens; their logprob is 0 (probability 1 under the grammar)."""
+        for i, tok in enumerate(tokens):
+            req.output_ids.append(tok)
+            if req.return_logprob:
+                req.logprobs.append(first_logprob if i == 0 and first_logprob is not None else 0.0)
+                if req.top_logprobs_num:
+                    req.top_logprobs.append(first_top if i == 0 and first_top is not None else [(0.0, tok)])
+
+
+def _copy_result(src: Future, dst: Future) -> None:
+    if src.exception() is not None:
+        dst.set_exception(src.exception())
+    else:
+        dst.set_result(src.result())
