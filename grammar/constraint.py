@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -59,8 +60,9 @@ def constraint_from_params(params: dict[str, Any]) -> Constraint | None:
     return constraint
 
 
+@functools.lru_cache(maxsize=256)
 def plan(constraint: Constraint) -> RegexPlan:
-    """The regex a constraint compiles to; raises ValueError naming the problem."""
+    """The regex a constraint compiles to (memoised); raises ValueError naming the problem."""
     try:
         if constraint.kind == "json_schema":
             return schema_to_regex(json.loads(constraint.text))

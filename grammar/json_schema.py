@@ -39,14 +39,14 @@ from grammar.regex_parts import (
 
 MAX_REF_DEPTH = 2  # expansions of one $ref on the path; deeper recursion is cut off
 MAX_REF_NESTING = 10  # $ref expansions on the path in all
-MAX_WORK_CHARS = 5_000_000  # regex text built in all, intermediate pieces included
+MAX_WORK_CHARS = 4_000_000  # regex text built in all, intermediate pieces included
 ANY_DEPTH = 2  # nesting of values an unconstrained schema ({} or true) may generate
 MAX_EXACT_REPEAT = 64  # larger maxLength / maxItems are left unbounded (and validated after)
 # Compile time grows with the automaton, which grows with the regex: above TARGET_CHARS the
 # schema is rebuilt with ever smaller per-object budgets, dropping the biggest optional
 # properties first (outputs stay valid; they just never contain those properties).
 TARGET_CHARS = 16_000
-OBJECT_BUDGETS = (1_000_000, 16_000, 8_000, 4_000, 2_000, 1_000, 0)
+OBJECT_BUDGETS = (16_000, 8_000, 4_000, 2_000, 1_000, 0)
 MAX_REGEX_CHARS = 2_000_000
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
@@ -303,9 +303,27 @@ class _Builder:
                     return None
                 continue
             members.append((json_literal(name) + KEY_SEP + value, name in required))
-        regex, dropped = _members(members, self.object_budget)
-        self.dropped += dropped
-        return r"\{" + regex + r"\}"
+        return r"\{" + self._members(members) + r"\}"
+
+    def _members(self, members: list[tuple[str, bool]]) -> str:
+        """Object members in order: required ones always, optional ones maybe. While the regex
+        exceeds the object budget, drop the biggest optional members (1, 2, 4, ... at a time)."""
+        step = 1
+        if self.object_budget == 0:  # the last resort: required members only
+            self.dropped += sum(1 for m in members if not m[1])
+            members = [m for m in members if m[1]]
+        while True:
+            regex = _member_regex(members)
+            self.work += len(regex)
+            optional = sorted((m for m in members if not m[1]), key=lambda m: -len(m[0]))
+            if len(regex) <= self.object_budget or not optional:
+                return regex
+            if self.work > MAX_WORK_CHARS:
+                raise _TooMuchWork("the schema's objects are too large to express; simplify it")
+            gone = {id(m) for m in optional[:step]}
+            members = [m for m in members if id(m) not in gone]
+            self.dropped += len(gone)
+            step *= 2
 
     # ------------------------------------------------------------ $ref, allOf
 
@@ -411,21 +429,6 @@ def _optional_chain(items: list[str], low: int) -> str:
         piece = (ITEM_SEP if i else "") + items[i] + regex
         regex = piece if i < low else f"(?:{piece})?"
     return regex
-
-
-def _members(members: list[tuple[str, bool]], budget: int) -> tuple[str, int]:
-    """Object members in order: required ones always, optional ones maybe, comma-separated.
-    Drops the biggest optional members while the regex exceeds `budget`; returns
-    (regex, members dropped)."""
-    dropped = 0
-    while True:
-        regex = _member_regex(members)
-        optional = [m for m in members if not m[1]]
-        if len(regex) <= budget or not optional:
-            return regex, dropped
-        biggest = max(optional, key=lambda m: len(m[0]))
-        members = [m for m in members if m is not biggest]
-        dropped += 1
 
 
 def _member_regex(members: list[tuple[str, bool]]) -> str:

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from runtime.server.app import ServerState, read_body, sse
 from runtime.server.errors import ApiError
-from runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from runtime.tokenizer_manager import GenerateInput, Prepared
 
 MAX_COMPLETION_LOGPROBS = 5
@@ -58,16 +58,13 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
     async def chat(request: Request) -> Response:
         body = await read_body(request, ChatCompletionRequest, limit)
         _check_model(state, body.model)
-        if body.response_format is not None and body.response_format.type != "text":
-            raise ApiError(400, f"response_format {body.response_format.type!r} needs constrained decoding, "
-                                "which this server does not have yet; use type 'text'", param="response_format")
         top = body.top_logprobs
         if top is not None and (not body.logprobs or not 0 <= top <= MAX_CHAT_TOP_LOGPROBS):
             raise ApiError(400, f"top_logprobs needs logprobs=true and must be in [0, {MAX_CHAT_TOP_LOGPROBS}]",
                            param="top_logprobs")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        params = _sampling(body, max_tokens, param)
+        params = _sampling(body, max_tokens, param) | _response_format(body.response_format)
         if not body.messages:
             raise ApiError(400, "messages is empty; give at least one message", param="messages")
         try:
@@ -100,6 +97,21 @@ class _Meta:
 
     def head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+
+def _response_format(fmt: ResponseFormat | None) -> dict[str, Any]:
+    """The constraint a chat response_format asks for, as sampling params."""
+    if fmt is None or fmt.type == "text":
+        return {}
+    if fmt.type == "json_object":
+        return {"json_object": True}
+    spec = fmt.json_schema
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
+        raise ApiError(400, "response_format type json_schema needs json_schema: {name, schema, strict}; "
+                            "json_schema.schema (a JSON Schema object) is missing", param="response_format")
+    if not isinstance(spec.get("name", ""), str):
+        raise ApiError(400, "response_format.json_schema.name must be a string", param="response_format")
+    return {"json_schema": spec["schema"]}
 
 
 def _check_model(state: ServerState, model: str) -> None:

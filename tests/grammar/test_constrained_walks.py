@@ -13,7 +13,7 @@ from tests.grammar.schemas import CHOICES, REGEXES, SCHEMAS
 
 SEEDS = range(10)
 # Formats the checker can judge without extra packages (its "time" is draft 3's HH:MM:SS).
-FORMATS = jsonschema.FormatChecker(formats=["date", "email", "ipv4", "uuid", "date-time"])
+FORMATS = jsonschema.FormatChecker(formats=["date", "email", "ipv4", "uuid"])
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))

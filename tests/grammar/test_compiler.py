@@ -1,0 +1,112 @@
+"""The compile service: outlines-core 0.2.14 regressions, limits, caches, errors."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from grammar import CompilerConfig, Constraint, GrammarCompiler, GrammarError, GrammarMatcher
+from grammar.constraint import constraint_from_params
+
+
+def accepts(family, params: dict, text: str) -> bool:
+    """Whether the token FSM takes `text` (canonically tokenized) as a complete output."""
+    matcher = GrammarMatcher(family.compiler.compile(constraint_from_params(dict(params))))
+    ids = family.retok.encode(text.encode())
+    return matcher.accept_tokens(ids) and matcher.allows_end()
+
+
+@pytest.mark.parametrize(("params", "text"), [
+    ({"regex": r"[0-9]+(\.[0-9]+)?"}, "3.14"),
+    ({"regex": r"(yes|no)(, (yes|no))*"}, "yes, no, yes"),
+    ({"json_schema": {"type": "number"}}, "3.14"),
+    ({"json_schema": {"type": "array", "items": {"type": "number"}}}, "[1.5, 2.25]"),
+])
+def test_tokens_past_a_possible_end_are_kept(family, params: dict, text: str) -> None:
+    # outlines-core 0.2.14 alone rejects "." after "3" and "," after "yes" here.
+    assert accepts(family, params, text)
+
+
+def test_the_fsm_rejects_what_the_regex_rejects(family) -> None:
+    assert not accepts(family, {"regex": r"[0-9]+(\.[0-9]+)?"}, "3.")
+    assert not accepts(family, {"json_schema": {"type": "integer", "minimum": 10, "maximum": 20}}, "21")
+    assert accepts(family, {"json_schema": {"type": "integer", "minimum": 10, "maximum": 20}}, "15")
+
+
+def test_eos_only_where_the_output_may_end(family) -> None:
+    matcher = GrammarMatcher(family.compiler.compile(Constraint("regex", "ab|abcd")))
+    assert not matcher.allows_end()
+    assert matcher.accept_tokens(family.retok.encode(b"ab"))
+    assert matcher.allows_end() and not matcher.is_terminated()
+    assert matcher.forced_bytes() == b""  # may end here, so "cd" is not forced
+    assert matcher.accept_tokens(family.retok.encode(b"cd")) and matcher.is_terminated()
+
+
+def test_forced_bytes_follow_the_schema(family) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    matcher = GrammarMatcher(family.compiler.compile(constraint_from_params({"json_schema": schema})))
+    assert matcher.forced_bytes() == b'{"name": "'
+
+
+def test_compile_is_cached_in_memory(gpt2_family) -> None:
+    c = constraint_from_params({"regex": "[a-f]{2,9}z"})
+    first = gpt2_family.compiler.compile(c)
+    start = time.perf_counter()
+    again = gpt2_family.compiler.compile(c)
+    assert again is first and time.perf_counter() - start < 0.01
+
+
+def test_disk_cache_survives_a_new_compiler(gpt2_family, tmp_path) -> None:
+    c = constraint_from_params({"regex": "[0-9]{3}-[a-z]{2}"})
+    config = CompilerConfig(workers=1, cache_dir=str(tmp_path))
+    for expected_disk_hits in (0, 1):
+        compiler = GrammarCompiler(gpt2_family.vocab, config)
+        try:
+            compiler.compile(c)
+            assert compiler.stats["disk_hits"] == expected_disk_hits
+        finally:
+            compiler.close()
+
+
+def test_slow_compile_ends_with_a_timeout_error_and_the_worker_recovers(gpt2_family) -> None:
+    compiler = GrammarCompiler(gpt2_family.vocab, CompilerConfig(workers=1, timeout_s=0.2))
+    try:
+        with pytest.raises(GrammarError, match="longer than 0.2 s"):
+            compiler.compile(Constraint("regex", "(?:[a-z0-9]{1,40}, ){1,60}"))
+        assert compiler.compile(Constraint("regex", "ok")) is not None
+    finally:
+        compiler.close()
+
+
+def test_memory_blowup_kills_only_the_worker(gpt2_family) -> None:
+    compiler = GrammarCompiler(gpt2_family.vocab, CompilerConfig(workers=1, timeout_s=120, memory_mb=400))
+    try:
+        with pytest.raises(GrammarError, match="memory limit"):
+            compiler.compile(Constraint("regex", "[a-z]*a[a-z]{24}"))
+        assert compiler.compile(Constraint("regex", "fine")) is not None
+    finally:
+        compiler.close()
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}}, "minimum 5 is above maximum 1"),
+    ({"json_schema": "{not json"}, "not valid JSON"),
+    ({"json_schema": {"type": "thing"}}, "unknown type 'thing'"),
+    ({"json_schema": {"$ref": "#/definitions/missing"}}, "points at nothing"),
+    ({"json_schema": {"type": "string", "pattern": "(?=a)b"}}, "lookaround"),
+    ({"regex": "(unclosed"}, "regex"),
+    ({"choices": []}, "non-empty list"),
+    ({"regex": "a", "choices": ["a"]}, "at most one"),
+])
+def test_bad_constraints_are_refused_with_a_reason(params: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        constraint_from_params(dict(params))
+
+
+def test_constraint_text_is_canonical() -> None:
+    a = constraint_from_params({"json_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}})
+    b = constraint_from_params({"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}},
+                                                          indent=2)})
+    assert a == b and hash(a) == hash(b)
