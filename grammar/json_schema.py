@@ -20,6 +20,7 @@ from urllib.parse import unquote
 from grammar.regex_parts import (
     BOOLEAN,
     FORMATS,
+    FREE_KEY,
     INTEGER,
     ITEM_SEP,
     KEY_SEP,
@@ -152,8 +153,6 @@ class _Builder:
         types = s.get("type", _infer_type(s))
         if isinstance(types, str):
             types = [types]
-        if s.get("nullable") is True:
-            types = [*types, "null"]
         kept = [r for r in (self._typed(t, s, depth) for t in dict.fromkeys(types)) if r is not None]
         return alternation(kept) if kept else None
 
@@ -294,7 +293,7 @@ class _Builder:
             if value is None:
                 return r"\{\}"
             high = s.get("maxProperties")
-            return r"\{" + repeat(STRING + KEY_SEP + value, int(s.get("minProperties", 0)), high) + r"\}"
+            return r"\{" + repeat(FREE_KEY + KEY_SEP + value, int(s.get("minProperties", 0)), high) + r"\}"
         members = []
         for name, sub in props.items():
             value = self.value(sub, depth + 1)

@@ -14,7 +14,6 @@ import zmq.asyncio
 
 from grammar import Constraint, constraint_from_params, plan
 from grammar.constraint import check_output
-
 from runtime.config import ServerArgs
 from runtime.ipc import AsyncPuller, AsyncPusher
 from runtime.messages import (

@@ -111,7 +111,9 @@ class GrammarBackend:
 
     def _forced_tokens(self, req: Req, prefix: bytes, room: int) -> list[int]:
         """Tokens for `prefix` + the forced bytes of the matcher's state, at most `room`."""
-        forced = req.matcher.forced_bytes()
+        # Trailing spaces stay unforced: tokenizers glue a space to the word after it (" 6",
+        # "▁6"), so the model samples that token instead of a lone space.
+        forced = req.matcher.forced_bytes().rstrip(b" ")
         if not forced or room <= 0:
             return []
         assert self.retokenizer is not None

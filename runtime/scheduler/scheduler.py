@@ -230,6 +230,7 @@ class Scheduler:
         ends = [e for _, e in batch]
         loc = self.kv.reserve(reqs, ends)
         if loc is None:  # only when memory estimates were off: put them back and decode
+            self.chunked = None  # a requeued chunked prompt restarts from its cached prefix
             for req in reqs:
                 self._requeue(req)
             return self._run_decode() if self.running else []

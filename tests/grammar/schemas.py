@@ -41,9 +41,9 @@ SCHEMAS: dict[str, Any] = {
     "const": {"type": "object", "properties": {"version": {"const": "1.0"}, "kind": {"const": 7}},
               "required": ["version", "kind"]},
     "pattern": {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2,4}$"},
-                                                 "tag": {"type": "string", "pattern": "^#[a-z_]+$", "maxLength": 12}},
+                                                 "tag": {"type": "string", "pattern": "^#[a-z_]{1,11}$"}},
                 "required": ["code"]},
-    "unanchored_pattern": {"type": "string", "pattern": "ab+c"},
+    "anchored_pattern": {"type": "string", "pattern": "^(ab+c|x[0-9]{2})$"},
     "formats": {"type": "object", "properties": {f: {"type": "string", "format": f} for f in
                                                  ("date-time", "date", "time", "email", "uuid", "ipv4", "uri")},
                 "required": ["date-time", "email", "uuid"]},
@@ -90,7 +90,7 @@ SCHEMAS: dict[str, Any] = {
         "answer": {"type": "string", "maxLength": 40}, "confidence": {"type": "number", "minimum": 0, "maximum": 1},
         "sources": {"type": "array", "items": {"type": "string", "format": "uri"}, "maxItems": 2}},
         "required": ["answer", "confidence", "sources"], "additionalProperties": False},
-    "nullable_and_bool_schema": {"type": "object", "properties": {"maybe": {"type": "integer", "nullable": True},
+    "nullable_and_bool_schema": {"type": "object", "properties": {"maybe": {"type": ["integer", "null"]},
                                                                   "never": False}, "required": ["maybe"]},
     "unicode_enum": {"enum": ["café", "naïve", "日本"]},
 }

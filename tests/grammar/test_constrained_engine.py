@@ -17,6 +17,10 @@ from tests.grammar.schemas import CHOICES, REGEXES, SCHEMAS
 
 SEEDS = range(10)
 MAX_TOKENS = 1500
+# Schemas whose strings are unbounded in values nested in `{}`: the random checkpoint can
+# write one string past any token budget (the random walks in test_constrained_walks cover
+# them); every other schema must finish and validate.
+RUNAWAY = {"any_value"}
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama2"])
@@ -38,7 +42,8 @@ def _sampled(constraint: dict, seed: int) -> dict:
 
 
 def test_every_schema_output_validates(engine) -> None:
-    names = sorted(SCHEMAS)
+    names = sorted(set(SCHEMAS) - RUNAWAY)
+    assert len(names) >= 30
     params = [_sampled({"json_schema": SCHEMAS[n]}, s) for n in names for s in SEEDS]
     outs = engine.generate(["Give me JSON:"] * len(params), sampling_params=params)
     for i, out in enumerate(outs):
@@ -64,18 +69,22 @@ def test_max_tokens_cutting_a_structure_finishes_with_length(engine) -> None:
 
 
 def test_jump_forward_composes_with_chunking_retraction_n_and_streaming(tiny_model) -> None:
-    schema = SCHEMAS["array_of_objects"]
+    # A long fixed-length array: "," is forced after every digit, and 18 outputs of ~120
+    # tokens overflow the small pool, so requests are retracted and recomputed mid-array.
+    schema = {"type": "object", "properties": {"digits": {"type": "array", "minItems": 60, "maxItems": 60,
+                                                          "items": {"type": "integer", "minimum": 0, "maximum": 9}}},
+              "required": ["digits"]}
     long_prompt = "word " * 300
-    with Engine(str(tiny_model("llama")), chunked_prefill_size=64, max_total_tokens=2600,
+    with Engine(str(tiny_model("llama")), chunked_prefill_size=64, max_total_tokens=2400,
                 max_running_requests=32) as e:
-        params = {"json_schema": schema, "temperature": 1.0, "max_new_tokens": 400, "n": 3}
-        outs = e.generate([long_prompt + str(i) for i in range(6)], sampling_params=[
+        params = {"json_schema": schema, "temperature": 1.0, "max_new_tokens": 140, "n": 3}
+        outs = e.generate([f"{i} {long_prompt}" for i in range(6)], sampling_params=[
             params | {"seed": i} for i in range(6)])
         assert len(outs) == 18
         for out in outs:
             jsonschema.validate(json.loads(out["text"]), schema)
-        streamed = list(e.generate(long_prompt + "0", sampling_params=params | {"seed": 0, "n": 1}, stream=True))
-        final = e.generate(long_prompt + "0", sampling_params=params | {"seed": 0, "n": 1})
+        streamed = list(e.generate("0 " + long_prompt, sampling_params=params | {"seed": 0, "n": 1}, stream=True))
+        final = e.generate("0 " + long_prompt, sampling_params=params | {"seed": 0, "n": 1})
         assert streamed[-1]["text"] == final["text"]
         assert final["meta_info"]["cached_tokens"] > 300  # the radix cache still serves the prompt
         stats = e.stats()

