@@ -98,9 +98,18 @@ BAD_INPUTS = [
      {"model": "MODEL", "prompt": "a", "logprobs": 50}, 400, "logprobs"),
     ("top_logprobs without logprobs", "POST", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 400, "top_logprobs"),
-    ("json_schema before grammar support", "POST", "/v1/chat/completions",
-     {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_object"}},
-     400, "constrained decoding"),
+    ("json_schema without a schema", "POST", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "a"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, 400, "json_schema.schema"),
+    ("unsatisfiable json_schema", "POST", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "a"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+          "type": "integer", "minimum": 3, "maximum": 1}}}}, 400, "minimum 3 is above maximum 1"),
+    ("invalid regex", "POST", "/generate", {"text": "a", "sampling_params": {"regex": "(ab"}}, 400, "regex"),
+    ("two constraints", "POST", "/generate", {"text": "a", "sampling_params": {"regex": "a", "choices": ["a"]}},
+     400, "at most one"),
+    ("non-local $ref", "POST", "/generate",
+     {"text": "a", "sampling_params": {"json_schema": {"$ref": "http://x/y.json"}}}, 400, "not local"),
     ("unknown route", "GET", "/v2/everything", None, 404, "no route"),
 ]
 
