@@ -21,7 +21,7 @@ class Family:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab = TokenVocabulary.from_tokenizer(tokenizer, [tokenizer.eos_token_id])
-        self.compiler = GrammarCompiler(self.vocab, CompilerConfig(workers=2, timeout_s=30))
+        self.compiler = GrammarCompiler(self.vocab, CompilerConfig(workers=2, timeout_s=10))
         self.retok = Retokenizer(tokenizer, self.vocab)
 
     def walk(self, params: dict, seed: int, max_tokens: int = 4000) -> tuple[str, bool, int]:
