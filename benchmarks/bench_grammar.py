@@ -206,8 +206,6 @@ def _walk_ids(family: Family, params: dict, seed: int) -> list[int]:
 
 def end_to_end(requests: int) -> dict[str, Any]:
     """Engine tokens/s: constrained (jump-forward on / off) vs unconstrained, same lengths."""
-    from runtime.engine import Engine
-
     model = Path(tempfile.gettempdir()) / "arbor-bench-grammar-model"
     if not (model / "config.json").exists():
         make_tiny_model(model, TinySpec(arch="llama", layers=8, hidden=512, heads=8, kv_heads=4))
@@ -215,35 +213,33 @@ def end_to_end(requests: int) -> dict[str, Any]:
     params = [{"json_schema": SCHEMAS[names[i % len(names)]], "temperature": 1.0, "seed": i,
                "max_new_tokens": 400} for i in range(requests)]
     prompts = [f"Reply in JSON ({i}):" for i in range(requests)]
-    result: dict[str, Any] = {}
-    lengths: list[int] = []
-    for label, extra in (("jump_forward", {}), ("no_jump_forward", {"disable_jump_forward": True})):
-        with Engine(str(model), max_running_requests=64, **extra) as e:
-            distinct = len(names) if requests >= len(names) else requests
-            e.generate(prompts[:distinct], sampling_params=params[:distinct])  # compile every schema first
-            before = e.stats()
-            t = time.perf_counter()
-            outs = e.generate(prompts, sampling_params=params)
-            wall = time.perf_counter() - t
-            after = e.stats()
-        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-        forced = after["forced_tokens"] - before["forced_tokens"]
-        result[label] = {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "forced_share": forced / tokens,
-                         "decode_steps": after["decode_steps"] - before["decode_steps"]}
-        if label == "jump_forward":
-            lengths = [o["meta_info"]["completion_tokens"] for o in outs]
-    free = [{"temperature": 1.0, "seed": i, "max_new_tokens": n, "ignore_eos": True} for i, n in enumerate(lengths)]
-    with Engine(str(model), max_running_requests=64) as e:
-        e.generate(prompts[:4], sampling_params=free[:4])
+    distinct = min(len(names), requests)
+    jump = _timed_run(model, prompts, params, distinct)
+    result = {"jump_forward": jump[0],
+              "no_jump_forward": _timed_run(model, prompts, params, distinct, disable_jump_forward=True)[0]}
+    free = [{"temperature": 1.0, "seed": i, "max_new_tokens": n, "ignore_eos": True} for i, n in enumerate(jump[1])]
+    result["unconstrained"] = _timed_run(model, prompts, free, 4)[0]
+    return result
+
+
+def _timed_run(model: Path, prompts: list[str], params: list[dict], warm: int, **server_args: Any
+               ) -> tuple[dict[str, Any], list[int]]:
+    """One Engine run after `warm` warm-up requests (which compile their grammars):
+    (summary, per-request completion lengths)."""
+    from runtime.engine import Engine
+
+    with Engine(str(model), max_running_requests=64, **server_args) as e:
+        e.generate(prompts[:warm], sampling_params=params[:warm])
         before = e.stats()
         t = time.perf_counter()
-        outs = e.generate(prompts, sampling_params=free)
+        outs = e.generate(prompts, sampling_params=params)
         wall = time.perf_counter() - t
         after = e.stats()
-    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    result["unconstrained"] = {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall, "forced_share": 0.0,
-                               "decode_steps": after["decode_steps"] - before["decode_steps"]}
-    return result
+    lengths = [o["meta_info"]["completion_tokens"] for o in outs]
+    tokens = sum(lengths)
+    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall,
+            "forced_share": (after["forced_tokens"] - before["forced_tokens"]) / tokens,
+            "decode_steps": after["decode_steps"] - before["decode_steps"]}, lengths
 
 
 def main() -> None:

@@ -185,17 +185,23 @@ class _Builder:
         fmt = s.get("format")
         if fmt in FORMATS:
             return f'"{FORMATS[fmt]}"'
-        low = int(s.get("minLength", 0))
-        high = s.get("maxLength")
-        if high is not None and int(high) < low:
-            raise SchemaError(f"maxLength {high} is below minLength {low}")
-        if high is not None and high > MAX_EXACT_REPEAT:
-            self.unenforced.add("maxLength")
-            high = None
+        low, high = self._count_bounds(s, "minLength", "maxLength")
         if low == 0 and high is None:
             return STRING
         reps = f"{{{low},}}" if high is None else f"{{{low},{int(high)}}}"
         return f'"{STRING_CHAR}{reps}"'
+
+    def _count_bounds(self, s: dict, low_key: str, high_key: str) -> tuple[int, int | None]:
+        """(min, max) of a length keyword pair; a max above MAX_EXACT_REPEAT is left
+        unbounded and listed as unenforced."""
+        low = int(s.get(low_key, 0))
+        high = s.get(high_key)
+        if high is not None and int(high) < low:
+            raise SchemaError(f"{high_key} {high} is below {low_key} {low}")
+        if high is not None and high > MAX_EXACT_REPEAT:
+            self.unenforced.add(high_key)
+            high = None
+        return low, None if high is None else int(high)
 
     def _bounds(self, s: dict) -> tuple[float | None, float | None, bool, bool]:
         """(low, high, low exclusive, high exclusive) in draft-4 and draft-6+ spellings."""
@@ -245,13 +251,7 @@ class _Builder:
         rest = s.get("items", True)
         if isinstance(rest, list):  # draft 4 tuple form
             prefix, rest = rest, s.get("additionalItems", True)
-        low = int(s.get("minItems", 0))
-        high = s.get("maxItems")
-        if high is not None and int(high) < low:
-            raise SchemaError(f"maxItems {high} is below minItems {low}")
-        if high is not None and high > MAX_EXACT_REPEAT:
-            self.unenforced.add("maxItems")
-            high = None
+        low, high = self._count_bounds(s, "minItems", "maxItems")
         fixed: list[str] = []
         for i, sub in enumerate(prefix or []):
             if high is not None and i >= high:

@@ -114,9 +114,11 @@ class Scheduler:
             assert self.grammar is not None
             self.grammar.start(req, future.result())
             self.counters["forced_tokens"] += len(req.output_ids)
-            if req.matcher.is_terminated() or req.remaining_new_tokens == 0:
-                kind = "stop" if req.matcher.is_terminated() else "length"
-                req.finish_reason = {"type": kind, "matched": None} if kind == "stop" else {"type": "length"}
+            if req.matcher.is_terminated():
+                req.finish_reason = {"type": "stop", "matched": None}
+            elif req.remaining_new_tokens == 0:
+                req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+            if req.finish_reason is not None:
                 outs.append(self._out(req))
             else:
                 self.waiting.append(req)
