@@ -1,9 +1,11 @@
 """CompiledGrammar (shared, immutable index + lazy per-state caches) and GrammarMatcher
 (one request's position in it).
 
-A state's mask is an int32 bitset over the logits (bit t of word t // 32 = token t allowed),
-built once from the index and then copied per step (~1 µs instead of outlines-core's hash-map
-walk). EOS is allowed exactly where the sentinel token is, i.e. where the regex may end.
+A state's mask is an int32 bitset over the logits (bit t of word t // 32 = token t allowed).
+It is written once per state by outlines-core's `Guide.write_mask_into` (each matcher keeps a
+Guide in step with it, so a first visit costs ~0.1 ms even for a 50k-token state) and then
+copied per step (~1 µs). EOS is allowed exactly where the sentinel token is, i.e. where the
+regex may end.
 """
 
 from __future__ import annotations
@@ -26,15 +28,43 @@ class VocabTables:
 
     vocab: TokenVocabulary
     words: int  # int32 words per mask row
+    index_words: int  # words outlines-core writes (its vocabulary may be wider than the logits)
     sentinel: int
     eos_ids: np.ndarray
-    first_bytes: np.ndarray
+    first_bytes: np.ndarray  # [logits] first byte of each token, -1 if none
+    starts_with: np.ndarray  # [256, words] int32 bitsets: tokens whose first byte is b
     byte_tokens: dict[int, int]
 
     @classmethod
     def build(cls, vocab: TokenVocabulary) -> VocabTables:
-        return cls(vocab, -(-vocab.logits_size // 32), vocab.sentinel_id, np.array(vocab.eos_ids, dtype=np.int64),
-                   vocab.first_bytes(), vocab.byte_tokens())
+        words = -(-vocab.logits_size // 32)
+        first = vocab.first_bytes()
+        ids = np.flatnonzero(first >= 0)
+        bits = np.zeros((256, words * 32), dtype=bool)
+        bits[first[ids], ids] = True
+        starts = np.packbits(bits, axis=1, bitorder="little").view("<i4")
+        return cls(vocab, words, max(words, -(-len(vocab.token_bytes) // 32)), vocab.sentinel_id,
+                   np.array(vocab.eos_ids, dtype=np.int64), first, starts, vocab.byte_tokens())
+
+    def forced_byte(self, row: np.ndarray) -> int:
+        """The first byte shared by every token allowed in `row`, or -1."""
+        nonzero = np.flatnonzero(row)
+        if not len(nonzero):
+            return -1
+        word = int(row[nonzero[0]]) & 0xFFFFFFFF
+        b = int(self.first_bytes[int(nonzero[0]) * 32 + (word & -word).bit_length() - 1])
+        return b if b >= 0 and not (row & ~self.starts_with[b]).any() else -1
+
+
+def _has(row: np.ndarray, token: int) -> bool:
+    return bool((int(row[token >> 5]) >> (token & 31)) & 1)
+
+
+def _set(row: np.ndarray, tokens: np.ndarray, on: bool) -> None:
+    for token in tokens.tolist():
+        word = int(row[token >> 5]) & 0xFFFFFFFF
+        word = word | (1 << (token & 31)) if on else word & ~(1 << (token & 31))
+        row[token >> 5] = np.uint32(word).view(np.int32)
 
 
 @dataclass
@@ -45,7 +75,8 @@ class _StateInfo:
 
 
 class CompiledGrammar:
-    """An outlines-core Index plus lazily built, bounded per-state masks and jump info."""
+    """An outlines-core Index plus lazily built, bounded per-state masks and jump info.
+    Masks are built through a Guide standing at the state (see GrammarMatcher)."""
 
     def __init__(self, index: outlines_core.Index, tables: VocabTables, unenforced: list[str], index_bytes: int) -> None:
         self.index = index
@@ -57,35 +88,33 @@ class CompiledGrammar:
         self._info: dict[int, _StateInfo] = {}
         self._max_masks = max(16, MASK_CACHE_BYTES // (tables.words * 4))
 
-    def mask(self, state: int) -> np.ndarray:
-        """The int32 bitset of tokens allowed in `state`."""
+    def mask(self, state: int, guide: outlines_core.Guide) -> np.ndarray:
+        """The int32 bitset of tokens allowed in `state`; `guide` stands at `state`."""
         row = self._masks.get(state)
         if row is not None:
             self._masks.move_to_end(state)
             return row
-        return self._build(state)[0]
+        return self._build(state, guide)[0]
 
-    def info(self, state: int) -> _StateInfo:
+    def info(self, state: int, guide: outlines_core.Guide) -> _StateInfo:
         found = self._info.get(state)
-        return found if found is not None else self._build(state)[1]
+        return found if found is not None else self._build(state, guide)[1]
 
     def next_state(self, state: int, token: int) -> int | None:
         return self.index.get_next_state(state, token)
 
-    def _build(self, state: int) -> tuple[np.ndarray, _StateInfo]:
+    def _build(self, state: int, guide: outlines_core.Guide) -> tuple[np.ndarray, _StateInfo]:
         t = self.tables
-        ids = np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int64)
-        ends = bool((ids == t.sentinel).any())
-        ids = ids[(ids != t.sentinel) & (ids < t.vocab.logits_size)]
-        ids = ids[~np.isin(ids, t.eos_ids)]  # the index's own end marker; EOS follows the sentinel
-        bits = np.zeros(t.words * 32, dtype=bool)
-        bits[ids] = True
+        wide = np.zeros(t.index_words, dtype=np.int32)
+        guide.write_mask_into(wide.ctypes.data, wide.size, 4)
+        row = wide[: t.words].copy()
+        ends = _has(row, t.sentinel)
+        _set(row, np.append(t.eos_ids, t.sentinel), on=False)  # EOS follows the sentinel only
+        terminal = ends and not row.any()
+        forced = -1 if ends else t.forced_byte(row)
         if ends:
-            bits[t.eos_ids] = True
-        row = np.packbits(bits, bitorder="little").view("<i4")
-        first = t.first_bytes[ids]
-        forced = int(first[0]) if len(first) and not ends and (first == first[0]).all() else -1
-        info = _StateInfo(allows_end=ends, terminal=ends and len(ids) == 0, forced_byte=forced)
+            _set(row, t.eos_ids, on=True)
+        info = _StateInfo(allows_end=ends, terminal=terminal, forced_byte=forced)
         self._info[state] = info
         self._masks[state] = row
         if len(self._masks) > self._max_masks:
@@ -94,51 +123,63 @@ class CompiledGrammar:
 
 
 class GrammarMatcher:
-    """One request's walk through a CompiledGrammar."""
+    """One request's walk through a CompiledGrammar, with an outlines-core Guide kept at the
+    same state (it writes the masks of states seen first here)."""
 
     def __init__(self, grammar: CompiledGrammar) -> None:
         self.grammar = grammar
         self.state = grammar.initial
+        self._guide = outlines_core.Guide(grammar.index, max_rollback=MAX_JUMP_BYTES + 2)
 
     def fill_bitmask(self, out: np.ndarray) -> None:
         """Write the allowed-token bitset of the current state into `out` (int32 words)."""
-        out[:] = self.grammar.mask(self.state)
+        out[:] = self.grammar.mask(self.state, self._guide)
 
     def accept_token(self, token: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""
-        nxt = self.grammar.next_state(self.state, token)
-        if nxt is None:
-            return False
-        self.state = nxt
-        return True
+        return self.accept_tokens([token])
 
     def accept_tokens(self, tokens: list[int]) -> bool:
         """Advance by all of `tokens`, or by none of them."""
-        start = self.state
+        state: int | None = self.state
         for tok in tokens:
-            if not self.accept_token(tok):
-                self.state = start
+            state = self.grammar.next_state(state, tok)
+            if state is None:
                 return False
+        for tok in tokens:
+            self._guide.advance(tok, return_tokens=False)
+        self.state = state
         return True
+
+    def rollback(self, tokens: int) -> None:
+        """Undo the last `tokens` accepted tokens (at most MAX_JUMP_BYTES)."""
+        self._guide.rollback_state(tokens)
+        self.state = self._guide.get_state()
 
     def is_terminated(self) -> bool:
         """The output is complete: only EOS may follow."""
-        return self.grammar.info(self.state).terminal
+        return self.grammar.info(self.state, self._guide).terminal
 
     def allows_end(self) -> bool:
-        return self.grammar.info(self.state).allows_end
+        return self.grammar.info(self.state, self._guide).allows_end
 
     def forced_bytes(self) -> bytes:
-        """The bytes every valid continuation starts with (empty if the next byte is open)."""
+        """The bytes every valid continuation starts with (empty if the next byte is open).
+        The guide walks ahead to build each state's info, then steps back."""
         out = bytearray()
         state = self.state
         byte_tokens = self.grammar.tables.byte_tokens
-        while len(out) < MAX_JUMP_BYTES:
-            b = self.grammar.info(state).forced_byte
-            token = byte_tokens.get(b) if b >= 0 else None
-            nxt = self.grammar.next_state(state, token) if token is not None else None
-            if nxt is None:
-                break
-            out.append(b)
-            state = nxt
+        try:
+            while len(out) < MAX_JUMP_BYTES:
+                b = self.grammar.info(state, self._guide).forced_byte
+                token = byte_tokens.get(b) if b >= 0 else None
+                nxt = self.grammar.next_state(state, token) if token is not None else None
+                if nxt is None:
+                    break
+                self._guide.advance(token, return_tokens=False)
+                out.append(b)
+                state = nxt
+        finally:
+            if out:
+                self._guide.rollback_state(len(out))
         return bytes(out)

@@ -87,7 +87,6 @@ class GrammarBackend:
         """Feed the sampled token (already appended to output_ids); then jump forward where
         the grammar forces text. Returns an error message if the token was not allowed."""
         matcher = req.matcher
-        before = matcher.state
         if not matcher.accept_token(token):
             return f"token {token} is not allowed by the grammar"
         if not self.jump_forward or matcher.is_terminated():
@@ -98,10 +97,9 @@ class GrammarBackend:
         forced = self._forced_tokens(req, last, room)
         if not forced or forced == [token]:
             return None
-        after = matcher.state
-        matcher.state = before
+        matcher.rollback(1)
         if not matcher.accept_tokens(forced):
-            matcher.state = after
+            matcher.accept_token(token)
             return None
         req.output_ids.pop()
         first_logprob = req.logprobs.pop() if req.return_logprob and req.logprobs else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
 import pytest
 
 from grammar import CompilerConfig, Constraint, GrammarCompiler, GrammarError, GrammarMatcher
@@ -48,6 +49,44 @@ def test_forced_bytes_follow_the_schema(family) -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     matcher = GrammarMatcher(family.compiler.compile(constraint_from_params({"json_schema": schema})))
     assert matcher.forced_bytes() == b'{"name": "'
+
+
+def _bits(row: np.ndarray) -> set[int]:
+    return set(np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")).tolist())
+
+
+def test_guide_written_masks_equal_the_index_lists(family) -> None:
+    # Each state's mask is written by the matcher's Guide; it must hold exactly the index's
+    # allowed tokens, with the sentinel shown as EOS.
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "tag": {"enum": ["a", "bc"]},
+                                               "note": {"type": "string", "maxLength": 3}},
+              "required": ["id", "tag", "note"]}
+    grammar = family.compiler.compile(constraint_from_params({"json_schema": schema}))
+    matcher = GrammarMatcher(grammar)
+    tables = grammar.tables
+    row = np.zeros(tables.words, dtype=np.int32)
+    text = rb'{"id": -12, "tag": "bc", "note": "x\\y"}'
+    seen = 0
+    for tok in family.retok.encode(text):
+        matcher.fill_bitmask(row)
+        listed = set(grammar.index.get_allowed_tokens(matcher.state)) - set(tables.eos_ids.tolist())
+        if tables.sentinel in listed:
+            listed = (listed - {tables.sentinel}) | set(tables.eos_ids.tolist())
+        assert _bits(row) == listed
+        assert matcher.accept_token(tok)
+        seen += 1
+    assert seen > 5 and matcher.allows_end()
+
+
+def test_rollback_returns_to_the_earlier_state(family) -> None:
+    matcher = GrammarMatcher(family.compiler.compile(Constraint("regex", "(ab|cd)+")))
+    start = matcher.state
+    ids = family.retok.encode(b"abcd")
+    assert matcher.accept_tokens(ids)
+    assert matcher.forced_bytes() == b""  # walks ahead and back without moving the matcher
+    matcher.rollback(len(ids))
+    assert matcher.state == start and matcher.accept_tokens(ids)
+    assert not matcher.accept_tokens(family.retok.encode(b"ax")) and matcher.allows_end()
 
 
 def test_compile_is_cached_in_memory(gpt2_family) -> None:
