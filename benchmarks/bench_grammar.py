@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from grammar import CompilerConfig, GrammarCompiler, GrammarMatcher, Retokenizer  # noqa: E402
 from grammar.constraint import constraint_from_params  # noqa: E402
-from runtime.tiny_model import TinySpec, builtin_model_path, make_tiny_model  # noqa: E402
 from grammar.random_walk import Family  # noqa: E402
+from runtime.tiny_model import TinySpec, builtin_model_path, make_tiny_model  # noqa: E402
 from tests.grammar.schemas import SCHEMAS  # noqa: E402
 
 PEER_CHILD = r"""
