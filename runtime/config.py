@@ -42,7 +42,9 @@ class ServerArgs:
         None, "Longest prompt + output in tokens; empty = the checkpoint's own limit."
     )
     attention_backend: str = _opt(
-        "auto", "Attention implementation. auto = torch (the only one so far).", ("auto", "torch")
+        "auto", "Attention implementation: triton (the Triton kernels, with fused RMSNorm, SiLU and "
+        "RoPE; CUDA only) or torch (any device). auto = triton on CUDA, torch elsewhere.",
+        ("auto", "torch", "triton"),
     )
     chunked_prefill_size: int = _opt(
         2048, "Longest prompt piece prefilled in one step; longer prompts are split and "

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.kv_store import store_kv_ref
+
 
 class KVPool:
     """Per layer, K and V buffers of shape [num_slots, num_kv_heads, head_dim]."""
@@ -23,8 +25,7 @@ class KVPool:
 
     def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new tokens' k/v [T, Hkv, D] into `slots` [T] of `layer`."""
-        self.k[layer][slots] = k.to(self.k[layer].dtype)
-        self.v[layer][slots] = v.to(self.v[layer].dtype)
+        store_kv_ref(self.k[layer], self.v[layer], slots, k, v)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before any
+# kernel module is imported (the jit decorator reads it).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from runtime.tiny_model import TinySpec, make_tiny_model
 

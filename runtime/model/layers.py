@@ -6,8 +6,11 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
+from kernels.norm import rmsnorm_ref, rmsnorm_triton
+from kernels.rotary import rotary_ref, rotary_triton
 
 
 class RMSNorm(nn.Module):
@@ -17,17 +20,12 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.kernel = rmsnorm_ref
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is not None:
-            x = x + residual
-            residual = x
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        out = self.weight * h.to(x.dtype)
-        return out if residual is None else (out, residual)
+        return self.kernel(x, self.weight, self.eps, residual)
 
 
 class GatedMLP(nn.Module):
@@ -37,10 +35,10 @@ class GatedMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = silu_and_mul_ref
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class RotaryEmbedding:
@@ -51,6 +49,7 @@ class RotaryEmbedding:
         self.max_positions = max_positions
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
         self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.kernel = rotary_ref
 
     def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self._tables:
@@ -63,16 +62,22 @@ class RotaryEmbedding:
     def __call__(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T] int."""
-        cos_t, sin_t = self._table(positions.device)
-        cos = cos_t[positions].unsqueeze(1).to(q.dtype)
-        sin = sin_t[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T] int. Rotates in place."""
+        cos, sin = self._table(positions.device)
+        return self.kernel(positions, q, k, cos, sin)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat([-b, a], dim=-1)
+def use_fused_kernels(model: nn.Module) -> None:
+    """Route every RMSNorm (with its residual add), SiLU-and-mul and RoPE of `model` through
+    the Triton kernels: the GPU path, chosen with the triton attention backend."""
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            m.kernel = rmsnorm_triton
+        elif isinstance(m, GatedMLP):
+            m.act = silu_and_mul_triton
+        rotary = getattr(m, "rotary", None)
+        if isinstance(rotary, RotaryEmbedding):
+            rotary.kernel = rotary_triton
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import importlib
+
 from runtime.memory import KVPool, ReqToTokenPool
 from runtime.model.attention.base import AttentionBackend
-from runtime.model.attention.torch_backend import TorchAttnBackend
 
-BACKENDS: dict[str, type[AttentionBackend]] = {"torch": TorchAttnBackend}
+BACKENDS = {
+    "torch": "runtime.model.attention.torch_backend:TorchAttnBackend",
+    "triton": "runtime.model.attention.triton_backend:TritonAttnBackend",
+}
+
+
+def resolve_backend(name: str, device_type: str) -> str:
+    """auto = triton on CUDA, torch elsewhere."""
+    if name == "auto":
+        return "triton" if device_type == "cuda" else "torch"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose auto or {', '.join(BACKENDS)}")
+    return name
 
 
 def create_backend(
     name: str, kv_pool: KVPool, req_to_token: ReqToTokenPool, scale: float
 ) -> AttentionBackend:
-    """Instantiate backend `name`; "auto" is torch until the Triton backend lands."""
-    chosen = "torch" if name == "auto" else name
-    if chosen not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose auto or {', '.join(BACKENDS)}")
-    return BACKENDS[chosen](kv_pool, req_to_token, scale)
+    """Instantiate backend `name` ("auto" resolved for the pool's device). Imported on use, so
+    the torch path never loads Triton."""
+    module, cls = BACKENDS[resolve_backend(name, kv_pool.k[0].device.type)].split(":")
+    return getattr(importlib.import_module(module), cls)(kv_pool, req_to_token, scale)
 
 
-__all__ = ["BACKENDS", "AttentionBackend", "create_backend"]
+__all__ = ["BACKENDS", "AttentionBackend", "create_backend", "resolve_backend"]

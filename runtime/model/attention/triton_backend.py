@@ -1,0 +1,66 @@
+"""Triton attention backend: the GPU path. KV store, extend and split-K decode attention are
+the kernels in kernels/; the metadata is the CSR of KV slots each request reads.
+
+On a CPU it runs only under Triton's interpreter (TRITON_INTERPRET=1), which the tests use to
+prove it equal to the torch backend."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from kernels.decode_attention import choose_splits, decode_attention_triton
+from kernels.extend_attention import extend_attention_triton
+from kernels.kv_store import store_kv_triton
+from runtime.memory import KVPool, ReqToTokenPool
+from runtime.model.attention.base import AttentionBackend
+from runtime.model.forward_batch import ForwardBatch, ForwardMode
+
+
+@dataclass
+class _Metadata:
+    decode: bool
+    kv_indptr: torch.Tensor  # [B + 1] int32: CSR offsets (whole sequence for decode, prefix for extend)
+    kv_indices: torch.Tensor  # slots, request by request
+    splits: int = 1
+    max_extend: int = 1
+
+
+class TritonAttnBackend(AttentionBackend):
+    """Paged attention with Triton kernels (CUDA; CPU only in the interpreter)."""
+
+    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool, scale: float) -> None:
+        device = kv_pool.k[0].device
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("the triton attention backend needs a CUDA GPU (on a CPU it runs only under "
+                             "TRITON_INTERPRET=1, slowly); use --attention-backend torch")
+        super().__init__(kv_pool, req_to_token, scale)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        if batch.mode is ForwardMode.DECODE:
+            hkv = self.kv_pool.k[0].shape[1]
+            splits = choose_splits(batch.batch_size, hkv, int(batch.seq_lens.max()), batch.seq_lens.device)
+            self.meta = _Metadata(True, batch.kv_indptr, batch.kv_indices, splits=splits)
+            return
+        prefix = batch.prefix_lens
+        indptr = torch.zeros_like(batch.kv_indptr)
+        indptr[1:] = torch.cumsum(prefix, 0)
+        width = int(prefix.max()) if prefix.numel() else 0
+        table = self.req_to_token.table[batch.req_pool_indices, :width]
+        indices = table[torch.arange(width, device=table.device)[None, :] < prefix[:, None]]
+        self.meta = _Metadata(False, indptr, indices, max_extend=int(batch.extend_lens.max()))
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
+    ) -> torch.Tensor:
+        pool_k, pool_v = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        store_kv_triton(pool_k, pool_v, batch.out_cache_loc, k, v)
+        m = self.meta
+        if m.decode:
+            out = decode_attention_triton(q, pool_k, pool_v, m.kv_indptr, m.kv_indices, self.scale, m.splits)
+        else:
+            out = extend_attention_triton(q, k, v, pool_k, pool_v, batch.qo_indptr, m.kv_indptr, m.kv_indices,
+                                          self.scale, m.max_extend)
+        return out.reshape(q.shape[0], -1)
