@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from runtime.config import ServerArgs
 from runtime.processes import ChildProcesses
+from runtime.server.chat import role_markers
 from runtime.tokenizer_manager import GenerateInput, Prepared, TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class Engine:
         self._call(self.manager.abort(rid))
 
     def get_model_info(self) -> dict[str, Any]:
-        return {"model_path": self.model_path, **self.manager.info}
+        return {"model_path": self.model_path, "chat_roles": role_markers(self.tokenizer), **self.manager.info}
 
     def _prepare(
         self, prompt: Prompt, input_ids: InputIds, params: Params, rid: str | list[str] | None,

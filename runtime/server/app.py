@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from runtime.config import ServerArgs
 from runtime.processes import ChildProcesses
-from runtime.server.chat import ChatTokenizer
+from runtime.server.chat import ChatTokenizer, role_markers
 from runtime.server.errors import ApiError, decode
 from runtime.server.metrics import Metrics
 from runtime.server.protocol import AbortRequest, GenerateRequest
@@ -274,7 +274,8 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
     async def model_info() -> Response:
         front = state.front()
         return JSONResponse({"model_path": state.model_path, "tokenizer_path": state.tokenizer_path,
-                             "served_model_name": state.model_name, "is_generation": True, **front.info})
+                             "served_model_name": state.model_name, "is_generation": True,
+                             "chat_roles": role_markers(state.tokenizer), **front.info})
 
     @router.post("/flush_cache")
     async def flush_cache() -> Response:

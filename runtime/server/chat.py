@@ -56,3 +56,26 @@ class ChatTokenizer:
             elif piece:
                 ids += self.tokenizer.encode(piece, add_special_tokens=False)
         return ids
+
+
+ROLES = ("system", "user", "assistant")
+_SLOT = "\ue002"
+
+
+def role_markers(tokenizer: Any) -> dict[str, list[str]] | None:
+    """The text the checkpoint's chat template puts before and after one message of each
+    role ({"user": [prefix, suffix], ...}), for clients that build chat prompts as text (the
+    DSL). A leading BOS is left out: tokenizing the prompt adds it. None without a template;
+    a role the template refuses (some have no system role) is missing."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    bos = getattr(tokenizer, "bos_token", None) or ""
+    out: dict[str, list[str]] = {}
+    for role in ROLES:
+        try:
+            text = tokenizer.apply_chat_template([{"role": role, "content": _SLOT}], tokenize=False)
+        except Exception:  # Jinja templates raise anything for a role they refuse
+            continue
+        prefix, _, suffix = text.partition(_SLOT)
+        out[role] = [prefix.removeprefix(bos) if bos else prefix, suffix]
+    return out
