@@ -296,6 +296,11 @@ class ProgramStateGroup:
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
 
+    def __setitem__(self, i: int, state: ProgramState) -> None:
+        # `forks[i] += expr` assigns back the branch its __iadd__ returned: the same object.
+        if state is not self.states[i]:
+            raise TypeError("a fork's branches cannot be replaced; append to them with +=")
+
     def __len__(self) -> int:
         return len(self.states)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 
 from runtime.config import ServerArgs
 
@@ -25,9 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--seed", type=int, default=0, help="weight seed; equal seeds give equal weights")
     tiny.add_argument("--tie-word-embeddings", action="store_true", help="share embedding and LM head")
 
-    demo = sub.add_parser("demo", help="greedily generate from a prompt and report tokens/s")
-    demo.add_argument("--prompt", default="The radix tree shares prefixes, so", help="prompt text")
-    demo.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default: 64)")
+    demo = sub.add_parser("demo", help="start a server, run an agent program (DSL) and OpenAI-client calls, "
+                                       "print outputs, TTFT/TPOT and the cache hit rate, stop")
     ServerArgs.add_cli_args(demo)
 
     serve = sub.add_parser("serve", help="serve the native and OpenAI-compatible HTTP APIs")
@@ -70,24 +68,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from frontend_lang.demo import run_demo
+
     server_args = ServerArgs.from_cli_args(args)
     logging.basicConfig(level=server_args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from runtime.engine import Engine
-
-    kwargs = {k: v for k, v in vars(server_args).items() if k != "model_path"}
-    with Engine(server_args.model_path, **kwargs) as engine:
-        params = {"max_new_tokens": args.max_new_tokens, "temperature": 0, "ignore_eos": True}
-        engine.generate(args.prompt, sampling_params={"max_new_tokens": 2})  # warm-up
-        t0 = time.perf_counter()
-        out = engine.generate(args.prompt, sampling_params=params)
-        elapsed = time.perf_counter() - t0
-    n = out["meta_info"]["completion_tokens"]
-    print(f"model:  {engine.model_path}")
-    print(f"prompt: {args.prompt!r}")
-    print(f"output: {out['text']!r}")
-    print(f"tokens: {out['output_ids'][:16]}{' ...' if n > 16 else ''}")
-    print(f"{n} tokens in {elapsed:.2f} s: {n / elapsed:.1f} tokens/s (greedy, batch 1)")
-    return 0
+    return run_demo(server_args)
 
 
 if __name__ == "__main__":
