@@ -314,7 +314,8 @@ class ProgramStateGroup:
 
     def join(self, mode: str = "gather_variable") -> None:
         """Wait for every branch. gather_variable: variables new in the branches become lists
-        in the parent; concate_and_append: the branches' new text is appended to the parent."""
+        in the parent; concate_and_append: the branches' new text is appended to the parent.
+        Branches stay usable (fork them again); they end with the program."""
         if mode not in ("gather_variable", "concate_and_append"):
             raise ValueError(f"unknown join mode {mode!r}; choose gather_variable or concate_and_append")
         for state in self.states:
@@ -331,5 +332,3 @@ class ProgramStateGroup:
                     gathered.setdefault(name, []).append(value)
         for name, values in gathered.items():
             parent.set_var(name, values)
-        for state in self.states:
-            state.executor.end()
