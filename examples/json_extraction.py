@@ -5,8 +5,9 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+
+from _cli import connect
 
 import frontend_lang as sgl
 
@@ -33,11 +34,7 @@ def extract(s, document):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:30000")
-    parser.add_argument("--api-key")
-    args = parser.parse_args()
-    sgl.set_default_backend(sgl.RuntimeEndpoint(args.url, api_key=args.api_key))
+    connect(__doc__)
     docs = [{"document": f"Invoice {i}: ACME Corp, 3 bolts and 2 nuts, total 12.50 EUR."} for i in range(4)]
     for state in extract.run_batch(docs, temperature=0.7):
         print(json.loads(state["invoice"]))

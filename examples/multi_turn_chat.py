@@ -6,7 +6,7 @@ KV of all earlier turns (cached_tokens grows turn by turn).
 
 from __future__ import annotations
 
-import argparse
+from _cli import connect
 
 import frontend_lang as sgl
 
@@ -20,11 +20,7 @@ def chat(s, questions):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:30000")
-    parser.add_argument("--api-key")
-    args = parser.parse_args()
-    sgl.set_default_backend(sgl.RuntimeEndpoint(args.url, api_key=args.api_key))
+    connect(__doc__)
     questions = ["What is a radix tree?", "Why share prefixes?", "And with many users?", "Summarize."]
     state = chat.run(questions=questions, temperature=0.7)
     for i, q in enumerate(questions):

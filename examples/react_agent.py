@@ -7,7 +7,7 @@ argument with `gen(stop=...)`, and Python runs the tool. Run against a server:
 
 from __future__ import annotations
 
-import argparse
+from _cli import connect
 
 import frontend_lang as sgl
 
@@ -34,11 +34,7 @@ def react(s, question, max_steps=3):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:30000")
-    parser.add_argument("--api-key")
-    args = parser.parse_args()
-    sgl.set_default_backend(sgl.RuntimeEndpoint(args.url, api_key=args.api_key))
+    connect(__doc__)
     state = react.run(question="What is 17 + 25?", temperature=0.7)
     print(state.text())
     print("answer:", repr(state["answer"]))

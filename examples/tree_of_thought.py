@@ -6,7 +6,7 @@ score every leaf with `select`, keep the best. Every branch shares the question'
 
 from __future__ import annotations
 
-import argparse
+from _cli import connect
 
 import frontend_lang as sgl
 
@@ -33,11 +33,7 @@ def tree_of_thought(s, question, width=3, depth=2):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:30000")
-    parser.add_argument("--api-key")
-    args = parser.parse_args()
-    sgl.set_default_backend(sgl.RuntimeEndpoint(args.url, api_key=args.api_key))
+    connect(__doc__)
     state = tree_of_thought.run(question="How many legs do 3 spiders have?", temperature=0.8)
     print(f"{state['leaves']} leaves; best path:\n{state['best']}")
 

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.online_softmax import attend_block
+
 MAX_SPLITS = 16
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it saves
 
@@ -68,15 +70,8 @@ def _split_kernel(Q, K, V, kv_indptr, kv_indices, Part, Lse, scale,
         slot = tl.load(kv_indices + start + n, mask=n_ok, other=0).to(tl.int64)
         kv_ok = n_ok[:, None] & d_ok[None, :]
         k = tl.load(K + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=kv_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * scale
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
         v = tl.load(V + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=kv_ok, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-        denom = denom * alpha + tl.sum(p, 1)
-        m = m_new
+        m, denom, acc = attend_block(q, k, v, n_ok[None, :], m, denom, acc, scale, PRECISION)
     filled = denom > 0
     out = tl.where(filled[:, None], acc / tl.where(filled, denom, 1.0)[:, None], 0.0)
     lse = tl.where(filled, m + tl.log(tl.where(filled, denom, 1.0)), float("-inf"))

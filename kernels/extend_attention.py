@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.online_softmax import attend_block
+
 
 def extend_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
                          v_pool: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
@@ -64,30 +66,17 @@ def _extend_kernel(Q, Kn, Vn, Kp, Vp, qo_indptr, kv_indptr, kv_indices, Out, sca
         slot = tl.load(kv_indices + p_start + n, mask=n_ok, other=0).to(tl.int64)
         kv_ok = n_ok[:, None] & d_ok[None, :]
         k = tl.load(Kp + slot[:, None] * stride_kps + kvh * stride_kph + d[None, :], mask=kv_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * scale
-        s = tl.where(n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
         v = tl.load(Vp + slot[:, None] * stride_vps + kvh * stride_vph + d[None, :], mask=kv_ok, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-        denom = denom * alpha + tl.sum(p, 1)
-        m = m_new
+        m, denom, acc = attend_block(q, k, v, n_ok[None, :], m, denom, acc, scale, PRECISION)
     hi = tl.minimum(ext, (block + 1) * BLOCK_M)
     for n0 in range(0, hi, BLOCK_N):  # the new tokens, causally
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < ext
         kv_ok = n_ok[:, None] & d_ok[None, :]
         k = tl.load(Kn + (q_start + n)[:, None] * stride_knt + kvh * stride_knh + d[None, :], mask=kv_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * scale
-        s = tl.where((n[None, :] <= rows[:, None]) & n_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
         v = tl.load(Vn + (q_start + n)[:, None] * stride_vnt + kvh * stride_vnh + d[None, :], mask=kv_ok, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PRECISION)
-        denom = denom * alpha + tl.sum(p, 1)
-        m = m_new
+        causal = (n[None, :] <= rows[:, None]) & n_ok[None, :]
+        m, denom, acc = attend_block(q, k, v, causal, m, denom, acc, scale, PRECISION)
     out = acc / denom[:, None]
     tl.store(Out + (q_start + rows)[:, None] * stride_ot + h * stride_oh + d[None, :], out.to(Out.dtype.element_ty),
              mask=r_ok[:, None] & d_ok[None, :])
