@@ -78,10 +78,17 @@ class GrammarBackend:
         if not rows:
             return
         assert self.compiler is not None
-        mask = np.full((len(reqs), self.compiler.tables.words), -1, dtype=np.int32)
-        for i in rows:
-            reqs[i].matcher.fill_bitmask(mask[i])
-        apply_token_bitmask(logits, torch.from_numpy(mask).to(logits.device))
+        mask = np.empty((len(rows), self.compiler.tables.words), dtype=np.int32)
+        for j, i in enumerate(rows):
+            reqs[i].matcher.fill_bitmask(mask[j])
+        bitmask = torch.from_numpy(mask).to(logits.device)
+        if len(rows) == len(reqs):
+            apply_token_bitmask(logits, bitmask)
+            return
+        index = torch.tensor(rows, device=logits.device)
+        sub = logits[index]  # only the constrained rows are masked (and copied)
+        apply_token_bitmask(sub, bitmask)
+        logits[index] = sub
 
     def advance(self, req: Req, token: int) -> str | None:
         """Feed the sampled token (already appended to output_ids); then jump forward where

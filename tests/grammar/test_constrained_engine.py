@@ -62,6 +62,17 @@ def test_regex_and_choices_outputs_match(engine) -> None:
         assert ok(out["text"]), (constraint, out["text"])
 
 
+def test_unconstrained_requests_beside_constrained_ones_are_untouched(engine) -> None:
+    # Only the constrained rows of a batch are masked: a free request in the same batch samples
+    # exactly what it generates alone (greedy).
+    free = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    alone = engine.generate("Free text:", sampling_params=free)["output_ids"]
+    mixed = engine.generate(["JSON:", "Free text:", "Digits:"], sampling_params=[
+        _sampled({"json_schema": SCHEMAS[sorted(SCHEMAS)[0]]}, 1), free, _sampled({"regex": "[0-9]{3,9}"}, 2)])
+    assert mixed[1]["output_ids"] == alone
+    assert re.fullmatch("[0-9]{3,9}", mixed[2]["text"])
+
+
 def test_max_tokens_cutting_a_structure_finishes_with_length(engine) -> None:
     out = engine.generate("x", sampling_params=_sampled({"json_schema": SCHEMAS["nested"]}, 0) | {"max_new_tokens": 5})
     assert out["meta_info"]["finish_reason"]["type"] == "length"
