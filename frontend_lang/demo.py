@@ -81,7 +81,7 @@ def _agent(sgl: Any, backend: Any) -> None:
     print("agent program (roles, select, json_schema, fork, 3 chat turns):")
     print(f"  thought: {state['thought']!r}")
     print(f"  action:  {state['action']!r}  (select over search / calculator / finish)")
-    print(f"  call:    {json.loads(state['call'])}  (json_schema, parsed)")
+    print(f"  call:    {json.dumps(json.loads(state['call']))}  (json_schema, parsed)")
     print(f"  ideas:   {state['idea']}  (fork of 3)")
     print(f"  answer:  {state['answer']!r}")
     print(f"  {len(state.messages())} chat messages, {seconds:.2f} s\n")
@@ -96,7 +96,7 @@ def _openai_calls(base: str, api_key: str | None) -> None:
         model=model, messages=[{"role": "user", "content": "Describe a city as JSON."}], max_tokens=80,
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}})
     print("openai client, response_format json_schema:")
-    print(f"  {json.loads(reply.choices[0].message.content)}\n")
+    print(f"  {json.dumps(json.loads(reply.choices[0].message.content))}\n")
     t0 = time.perf_counter()
     stamps = []
     for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell a story."}],
