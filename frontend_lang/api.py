@@ -26,11 +26,13 @@ _default_backend: Backend | None = None
 
 
 def set_default_backend(backend: Backend) -> None:
+    """The backend programs use when `run` is given none."""
     global _default_backend
     _default_backend = backend
 
 
 def get_default_backend() -> Backend:
+    """The backend set by set_default_backend (an error says how if there is none)."""
     if _default_backend is None:
         raise RuntimeError("no backend: call set_default_backend(RuntimeEndpoint(url)) or pass backend=")
     return _default_backend
@@ -125,10 +127,12 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
 
 
 def gen_int(name: str | None = None, **kwargs: Any) -> Gen | Select:
+    """`gen` of an integer (REGEX_INT)."""
     return gen(name, dtype=int, **kwargs)
 
 
 def gen_string(name: str | None = None, **kwargs: Any) -> Gen | Select:
+    """`gen` of a double-quoted string (REGEX_STR)."""
     return gen(name, dtype=str, **kwargs)
 
 
@@ -146,36 +150,45 @@ def _role(role: str, expr: Any = None) -> ExprList:
 
 
 def system(expr: Any = None) -> ExprList:
+    """A system message around `expr`, framed by the chat template."""
     return _role("system", expr)
 
 
 def user(expr: Any = None) -> ExprList:
+    """A user message around `expr`, framed by the chat template."""
     return _role("user", expr)
 
 
 def assistant(expr: Any = None) -> ExprList:
+    """A assistant message around `expr`, framed by the chat template."""
     return _role("assistant", expr)
 
 
 def system_begin() -> RoleBegin:
+    """Open a system message; what follows until system_end() is its content."""
     return RoleBegin("system")
 
 
 def system_end() -> RoleEnd:
+    """Close the open system message."""
     return RoleEnd("system")
 
 
 def user_begin() -> RoleBegin:
+    """Open a user message; what follows until user_end() is its content."""
     return RoleBegin("user")
 
 
 def user_end() -> RoleEnd:
+    """Close the open user message."""
     return RoleEnd("user")
 
 
 def assistant_begin() -> RoleBegin:
+    """Open a assistant message; what follows until assistant_end() is its content."""
     return RoleBegin("assistant")
 
 
 def assistant_end() -> RoleEnd:
+    """Close the open assistant message."""
     return RoleEnd("assistant")

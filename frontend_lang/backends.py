@@ -59,6 +59,7 @@ class Backend:
 
     def generate(self, text: str, params: dict[str, Any], return_logprob: bool = False,
                  top_logprobs_num: int = 0) -> tuple[str, dict[str, Any]]:
+        """Continue `text`: (generated text, meta_info)."""
         out = self._generate({"text": text, "sampling_params": params, "return_logprob": return_logprob,
                               "top_logprobs_num": top_logprobs_num})
         return out["text"], out["meta_info"]
@@ -195,6 +196,7 @@ class OpenAI(Backend):
         self.client = Client(base_url=base_url, api_key=api_key or "none")
 
     def chat(self, messages: list[dict[str, str]], params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The next assistant message for `messages` (chat completions)."""
         params = dict(params)
         extra: dict[str, Any] = {}
         if "json_schema" in params:

@@ -12,13 +12,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ChatTemplate:
+    """Per-role (prefix, suffix) text around a message's content."""
+
     name: str
     roles: dict[str, tuple[str, str]]  # role -> (prefix, suffix)
 
     def prefix(self, role: str) -> str:
+        """Text before a `role` message's content."""
         return self._markers(role)[0]
 
     def suffix(self, role: str) -> str:
+        """Text after a `role` message's content."""
         return self._markers(role)[1]
 
     def _markers(self, role: str) -> tuple[str, str]:
@@ -28,6 +32,7 @@ class ChatTemplate:
 
     @classmethod
     def from_markers(cls, name: str, markers: dict[str, list[str]]) -> ChatTemplate:
+        """From /get_model_info's `chat_roles` ({role: [prefix, suffix]})."""
         return cls(name, {role: (pair[0], pair[1]) for role, pair in markers.items()})
 
 
@@ -42,6 +47,7 @@ TEMPLATES = {
 
 
 def get_chat_template(name: str) -> ChatTemplate:
+    """A template of the registry by name."""
     if name not in TEMPLATES:
         raise ValueError(f"unknown chat template {name!r}; known: {', '.join(TEMPLATES)}")
     return TEMPLATES[name]

@@ -29,6 +29,8 @@ class Expr:
 
 @dataclass
 class ExprList(Expr):
+    """Expressions run in order."""
+
     items: list[Expr]
 
     def __add__(self, other: Any) -> ExprList:
@@ -40,6 +42,8 @@ class ExprList(Expr):
 
 @dataclass
 class Text(Expr):
+    """Literal text appended to the state."""
+
     text: str
 
 
@@ -76,6 +80,8 @@ class SamplingParams:
 
 @dataclass
 class Gen(Expr):
+    """Generate into variable `name` (None: unnamed)."""
+
     name: str | None
     params: SamplingParams
     return_logprob: bool = False
@@ -84,6 +90,8 @@ class Gen(Expr):
 
 @dataclass
 class Select(Expr):
+    """Pick one of `choices` by likelihood into `name`."""
+
     name: str | None
     choices: list[str]
     temperature: float = 0.0
@@ -92,21 +100,29 @@ class Select(Expr):
 
 @dataclass
 class RoleBegin(Expr):
+    """Start of a chat message."""
+
     role: str
 
 
 @dataclass
 class RoleEnd(Expr):
+    """End of a chat message."""
+
     role: str
 
 
 @dataclass
 class VarScopeBegin(Expr):
+    """Start of text captured as variable `name`."""
+
     name: str
 
 
 @dataclass
 class VarScopeEnd(Expr):
+    """End of that capture."""
+
     name: str
 
 
@@ -118,6 +134,7 @@ def as_expr(value: Any) -> Expr:
 
 
 def flatten(expr: Expr) -> list[Expr]:
+    """The leaves of nested ExprLists, in order."""
     if isinstance(expr, ExprList):
         return [leaf for item in expr.items for leaf in flatten(item)]
     return [expr]
