@@ -12,6 +12,7 @@ import json
 import math
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,30 +25,16 @@ class BackendError(RuntimeError):
     """The backend refused or failed a call; the message says why."""
 
 
-class Backend:
-    """The native-API backends (server and Engine) share everything but the transport."""
+class Backend(ABC):
+    """What the interpreter calls. A program's role text comes from `chat_template`: the named
+    template, else the checkpoint's (`chat_roles` of model_info), else "default"."""
 
     def __init__(self, chat_template: str | None = None) -> None:
         self._template_name = chat_template
         self._template: ChatTemplate | None = None
 
-    # transport ---------------------------------------------------------------
-    def _generate(self, body: dict[str, Any]) -> Any:
-        raise NotImplementedError
-
-    def _stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        raise NotImplementedError
-
-    def model_info(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def flush_cache(self) -> None:
-        raise NotImplementedError
-
-    # calls -------------------------------------------------------------------
     @property
     def chat_template(self) -> ChatTemplate:
-        """The named template, else the checkpoint's, else "default"."""
         if self._template is None:
             if self._template_name:
                 self._template = get_chat_template(self._template_name)
@@ -57,28 +44,64 @@ class Backend:
                                   else get_chat_template("default"))
         return self._template
 
+    @abstractmethod
     def generate(self, text: str, params: dict[str, Any], return_logprob: bool = False,
                  top_logprobs_num: int = 0) -> tuple[str, dict[str, Any]]:
         """Continue `text`: (generated text, meta_info)."""
+
+    @abstractmethod
+    def stream(self, text: str, params: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(new piece, meta_info) as the text grows; the last meta_info is the final one."""
+
+    @abstractmethod
+    def cache_prefix(self, text: str) -> int:
+        """Prefill `text` only so later calls reuse its KV; its token count."""
+
+    @abstractmethod
+    def select(self, text: str, choices: list[str], temperature: float, method: str
+               ) -> tuple[int, list[float], dict[str, Any]]:
+        """(index of the chosen choice, per-choice scores, meta)."""
+
+    @abstractmethod
+    def model_info(self) -> dict[str, Any]:
+        """What the backend knows of its model (chat_roles among it, if any)."""
+
+    @abstractmethod
+    def flush_cache(self) -> None:
+        """Drop the backend's cached prefixes."""
+
+
+class NativeBackend(Backend):
+    """Arbor's native API, over HTTP (RuntimeEndpoint) or in process (EngineBackend): the two
+    share every call and differ only in `_generate` / `_stream`."""
+
+    @abstractmethod
+    def _generate(self, body: dict[str, Any]) -> Any:
+        """One native /generate body -> its response (a list for a batch)."""
+
+    @abstractmethod
+    def _stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """One streamed native /generate body -> its chunks (cumulative text)."""
+
+    def generate(self, text: str, params: dict[str, Any], return_logprob: bool = False,
+                 top_logprobs_num: int = 0) -> tuple[str, dict[str, Any]]:
         out = self._generate({"text": text, "sampling_params": params, "return_logprob": return_logprob,
                               "top_logprobs_num": top_logprobs_num})
         return out["text"], out["meta_info"]
 
     def stream(self, text: str, params: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(new piece, meta_info) as the text grows; the last meta_info is the final one."""
         seen = ""
         for chunk in self._stream({"text": text, "sampling_params": params, "stream": True}):
             piece, seen = chunk["text"][len(seen):], chunk["text"]
             yield piece, chunk["meta_info"]
 
     def cache_prefix(self, text: str) -> int:
-        """Prefill `text` only (max_new_tokens=0) so later calls reuse its KV; its token count."""
         return int(self._generate({"text": text, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"])
 
     def select(self, text: str, choices: list[str], temperature: float, method: str
                ) -> tuple[int, list[float], dict[str, Any]]:
-        """(index of the chosen choice, per-choice scores, meta). The prefix is cached first,
-        then all choices are scored in one batched prefill-only request."""
+        """The prefix is cached first, then all choices are scored by their prompt logprobs in
+        one batched prefill-only request."""
         if method not in SELECT_METHODS:
             raise ValueError(f"unknown choices_method {method!r}; choose {', '.join(SELECT_METHODS)}")
         if not choices:
@@ -101,7 +124,7 @@ class Backend:
         return best, scores, {"prompt_tokens": prefix_len, "token_logprobs": token_logprobs}
 
 
-class RuntimeEndpoint(Backend):
+class RuntimeEndpoint(NativeBackend):
     """An Arbor (or SGLang) server's native API at `base_url`."""
 
     def __init__(self, base_url: str, api_key: str | None = None, chat_template: str | None = None,
@@ -145,11 +168,16 @@ class RuntimeEndpoint(Backend):
                 self._info = json.loads(resp.read())
         return self._info
 
+    def server_info(self) -> dict[str, Any]:
+        """/get_server_info: the scheduler's counters (cache_hit_rate, ...)."""
+        with self._request("/get_server_info") as resp:
+            return json.loads(resp.read())
+
     def flush_cache(self) -> None:
         self._request("/flush_cache", {}).close()
 
 
-class EngineBackend(Backend):
+class EngineBackend(NativeBackend):
     """An in-process `runtime.Engine` (pass one, or Engine keywords to start one)."""
 
     def __init__(self, engine: Any = None, chat_template: str | None = None, **engine_args: Any) -> None:
@@ -165,11 +193,9 @@ class EngineBackend(Backend):
 
     def _generate(self, body: dict[str, Any]) -> Any:
         text = body.pop("text")
-        return self.engine.generate(text, **body)
+        return self.engine.generate(text, **body)  # with stream=True: an iterator of chunks
 
-    def _stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        text = body.pop("text")
-        return self.engine.generate(text, **body)
+    _stream = _generate
 
     def model_info(self) -> dict[str, Any]:
         return self.engine.get_model_info()

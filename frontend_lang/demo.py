@@ -48,7 +48,7 @@ def run_demo(args: ServerArgs) -> int:
         backend = sgl.RuntimeEndpoint(base, api_key=args.api_key)
         _agent(sgl, backend)
         _openai_calls(base, args.api_key)
-        stats = json.loads(_get(base + "/get_server_info", args.api_key))["stats"]
+        stats = backend.server_info()["stats"]
         print(f"radix cache hit rate: {100 * stats.get('cache_hit_rate', 0):.1f}% of prompt tokens "
               f"(fork branches, chat turns and select choices reuse earlier KV)")
     finally:
@@ -121,10 +121,3 @@ def _wait_started(server: Any, thread: threading.Thread, timeout_s: float = 120.
             raise RuntimeError("the demo server did not start; run `arbor serve` to see its log")
         time.sleep(0.1)
 
-
-def _get(url: str, api_key: str | None) -> str:
-    import urllib.request
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as resp:
-        return resp.read().decode()

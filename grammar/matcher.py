@@ -137,7 +137,12 @@ class GrammarMatcher:
 
     def accept_token(self, token: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""
-        return self.accept_tokens([token])
+        nxt = self.grammar.next_state(self.state, token)
+        if nxt is None:
+            return False
+        self._guide.advance(token, return_tokens=False)
+        self.state = nxt
+        return True
 
     def accept_tokens(self, tokens: list[int]) -> bool:
         """Advance by all of `tokens`, or by none of them."""
