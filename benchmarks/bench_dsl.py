@@ -21,9 +21,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import frontend_lang as sgl  # noqa: E402
+import arbor as sgl  # noqa: E402
+from arbor.runtime.tiny_model import make_tiny_model  # noqa: E402
 from benchmarks.bench_serving import SPEC, start_server, stop_server  # noqa: E402
-from runtime.tiny_model import make_tiny_model  # noqa: E402
 
 OUT = ROOT / "docs" / "benchmarks"
 

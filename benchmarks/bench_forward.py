@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from runtime.engine import Engine
-from runtime.tiny_model import TinySpec, make_tiny_model
+from arbor.runtime.engine import Engine
+from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 

@@ -32,10 +32,12 @@ OUT = ROOT / "docs" / "benchmarks"
 BENCH = ROOT / ".." / "shared" / "data" / "jsonschemabench"
 sys.path.insert(0, str(ROOT))
 
-from grammar import CompilerConfig, GrammarCompiler, GrammarMatcher, Retokenizer  # noqa: E402
-from grammar.constraint import constraint_from_params  # noqa: E402
-from grammar.random_walk import Family  # noqa: E402
-from runtime.tiny_model import TinySpec, builtin_model_path, make_tiny_model  # noqa: E402
+from arbor.grammar.compiler import CompilerConfig, GrammarCompiler  # noqa: E402
+from arbor.grammar.constraint import constraint_from_params  # noqa: E402
+from arbor.grammar.jump_forward import Retokenizer  # noqa: E402
+from arbor.grammar.matcher import GrammarMatcher  # noqa: E402
+from arbor.runtime.tiny_model import TinySpec, builtin_model_path, make_tiny_model  # noqa: E402
+from tests.grammar.random_walk import Family  # noqa: E402
 from tests.grammar.schemas import SCHEMAS  # noqa: E402
 
 PEER_CHILD = r"""
@@ -226,7 +228,7 @@ def _timed_run(model: Path, prompts: list[str], params: list[dict], warm: int, *
                ) -> tuple[dict[str, Any], list[int]]:
     """One Engine run after `warm` warm-up requests (which compile their grammars):
     (summary, per-request completion lengths)."""
-    from runtime.engine import Engine
+    from arbor.runtime.engine import Engine
 
     with Engine(str(model), max_running_requests=64, **server_args) as e:
         e.generate(prompts[:warm], sampling_params=params[:warm])

@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from radix import RadixCache
-from runtime.engine import Engine
-from runtime.tiny_model import TinySpec, make_tiny_model
+from arbor.radix.cache import RadixCache
+from arbor.runtime.engine import Engine
+from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 SPEC = TinySpec(arch="llama", layers=8, hidden=512, heads=8, kv_heads=4)
@@ -168,11 +168,11 @@ def run_multiturn(engines: dict[str, Engine], model: Any, convs: int, turns: int
 
 def run_overhead(path: Path, dtype: str, batch: int, steps: int) -> dict[str, Any]:
     """Decode steps of a Scheduler whose forward pass is a no-op returning fixed logits."""
-    from runtime.config import ServerArgs
-    from runtime.messages import TokenizedGenerateReq, pack_ids
-    from runtime.model.runner import LogitsOutput
-    from runtime.sampling_params import SamplingParams
-    from runtime.scheduler.scheduler import Scheduler
+    from arbor.runtime.config import ServerArgs
+    from arbor.runtime.messages import TokenizedGenerateReq, pack_ids
+    from arbor.runtime.model.runner import LogitsOutput
+    from arbor.runtime.sampling_params import SamplingParams
+    from arbor.runtime.scheduler.scheduler import Scheduler
 
     args = ServerArgs(dtype=dtype, max_running_requests=batch, max_total_tokens=batch * 1024)
     sched = Scheduler(args, str(path))
@@ -238,7 +238,7 @@ def main() -> None:
         args.hf_batch_sizes = "8,16"
     from transformers import AutoModelForCausalLM
 
-    from runtime.model.runner import resolve_dtype
+    from arbor.runtime.model.runner import resolve_dtype
 
     args.dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
     path = make_tiny_model(Path(tempfile.mkdtemp()) / "medium", SPEC)

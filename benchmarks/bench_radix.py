@@ -91,7 +91,7 @@ class ArborAdapter:
 
     def __init__(self, page_size: int) -> None:
         sys.path.insert(0, str(ROOT))
-        from radix import RadixCache
+        from arbor.radix.cache import RadixCache
 
         self.cache = RadixCache(page_size)
 

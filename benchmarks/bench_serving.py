@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runtime.tiny_model import TinySpec, make_tiny_model
+from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 SPEC = TinySpec(arch="llama", layers=8, hidden=512, heads=8, kv_heads=4)
@@ -38,7 +38,7 @@ def start_server(model: Path, *extra: str) -> tuple[subprocess.Popen, int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--model-path", str(model),
+    proc = subprocess.Popen([sys.executable, "-m", "arbor", "serve", "--model-path", str(model),
                              "--port", str(port), "--log-level", "warning", *extra])
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

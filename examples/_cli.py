@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-import frontend_lang as sgl
+import arbor as sgl
 
 
 def connect(doc: str) -> None:

@@ -9,7 +9,7 @@ import json
 
 from _cli import connect
 
-import frontend_lang as sgl
+import arbor as sgl
 
 INVOICE = {
     "type": "object",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from _cli import connect
 
-import frontend_lang as sgl
+import arbor as sgl
 
 
 @sgl.function

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from _cli import connect
 
-import frontend_lang as sgl
+import arbor as sgl
 
 TOOLS = {
     "calculate": lambda arg: str(sum(int(t) for t in arg.split("+") if t.strip().isdigit())),

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from frontend_lang.backends import Backend
-from frontend_lang.interpreter import ProgramState, StreamExecutor
-from frontend_lang.ir import (
+from arbor.frontend_lang.backends import Backend
+from arbor.frontend_lang.interpreter import ProgramState, StreamExecutor
+from arbor.frontend_lang.ir import (
     DTYPE_REGEX,
     ExprList,
     Gen,

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any
 
-from frontend_lang.chat_template import ChatTemplate, get_chat_template
+from arbor.frontend_lang.chat_template import ChatTemplate, get_chat_template
 
 SELECT_METHODS = ("token_length_normalized", "greedy_token")
 
@@ -183,7 +183,7 @@ class EngineBackend(NativeBackend):
     def __init__(self, engine: Any = None, chat_template: str | None = None, **engine_args: Any) -> None:
         super().__init__(chat_template)
         if engine is None:
-            from runtime.engine import Engine
+            from arbor.runtime.engine import Engine
 
             engine = Engine(**engine_args)
             self._owned = True

@@ -5,13 +5,17 @@ prints TTFT/TPOT and the radix cache hit rate and stops the server."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from runtime.config import ServerArgs
+from arbor.frontend_lang import api as sgl
+from arbor.frontend_lang.backends import RuntimeEndpoint
+from arbor.runtime.config import ServerArgs
 
 TOOL_CALL = {"type": "object", "properties": {
     "tool": {"enum": ["search", "calculator"]},
@@ -26,13 +30,29 @@ RANDOM_WEIGHTS = ("NOTE: the built-in checkpoint has random weights: the text is
                   "directory for real text.")
 
 
+def add_command(sub: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
+    """Register `arbor demo` (every server flag applies) and return its handler."""
+    demo = sub.add_parser("demo", help="start a server, run an agent program (DSL) and OpenAI-client calls, "
+                                       "print outputs, TTFT/TPOT and the cache hit rate, stop")
+    ServerArgs.add_cli_args(demo)
+    return {"demo": _run_from_cli}
+
+
+def _run_from_cli(cli_args: argparse.Namespace) -> int:
+    from arbor.runtime.cli import setup_logging
+
+    args = ServerArgs.from_cli_args(cli_args)
+    setup_logging(args)
+    return run_demo(args)
+
+
 def run_demo(args: ServerArgs) -> int:
+    """Run the tour against a server started on `args` (its port is replaced by a free one)."""
     import logging
 
     import uvicorn
 
-    import frontend_lang as sgl
-    from runtime.server.app import create_app
+    from arbor.runtime.server.app import create_app
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per HTTP call of the openai client
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -45,8 +65,8 @@ def run_demo(args: ServerArgs) -> int:
     try:
         _wait_started(server, thread)
         print(RANDOM_WEIGHTS, "\n")
-        backend = sgl.RuntimeEndpoint(base, api_key=args.api_key)
-        _agent(sgl, backend)
+        backend = RuntimeEndpoint(base, api_key=args.api_key)
+        _agent(backend)
         _openai_calls(base, args.api_key)
         stats = backend.server_info()["stats"]
         print(f"radix cache hit rate: {100 * stats.get('cache_hit_rate', 0):.1f}% of prompt tokens "
@@ -57,7 +77,7 @@ def run_demo(args: ServerArgs) -> int:
     return 0
 
 
-def _agent(sgl: Any, backend: Any) -> None:
+def _agent(backend: RuntimeEndpoint) -> None:
     @sgl.function
     def agent(s, question):
         s += sgl.system("You are a research agent. Tools: search, calculator.")

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from frontend_lang.backends import Backend
-from frontend_lang.ir import (
+from arbor.frontend_lang.backends import Backend
+from arbor.frontend_lang.ir import (
     Expr,
     Gen,
     RoleBegin,

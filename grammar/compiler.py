@@ -28,10 +28,10 @@ from pathlib import Path
 import msgspec
 import outlines_core
 
-from grammar.constraint import Constraint, plan
-from grammar.matcher import CompiledGrammar, VocabTables
-from grammar.vocabulary import TokenVocabulary
-from grammar.worker import CompileDone, CompileJob, read_frame, write_frame
+from arbor.grammar.constraint import Constraint, plan
+from arbor.grammar.matcher import CompiledGrammar, VocabTables
+from arbor.grammar.vocabulary import TokenVocabulary
+from arbor.grammar.worker import CompileDone, CompileJob, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class _Worker:
 
     def _start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grammar.worker", str(self.memory_mb)],
+            [sys.executable, "-m", "arbor.grammar.worker", str(self.memory_mb)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
         assert self.proc.stdin is not None

@@ -9,8 +9,8 @@ from typing import Any
 
 import msgspec
 
-from grammar.json_schema import RegexPlan, any_json_regex, regex_for_choices, schema_to_regex
-from grammar.regex_parts import SchemaError
+from arbor.grammar.json_schema import RegexPlan, any_json_regex, regex_for_choices, schema_to_regex
+from arbor.grammar.regex_parts import SchemaError
 
 KINDS = ("json_schema", "regex", "choices", "json_object")
 MAX_CONSTRAINT_CHARS = 200_000

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-from grammar.regex_parts import (
+from arbor.grammar.regex_parts import (
     BOOLEAN,
     FORMATS,
     FREE_KEY,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grammar.vocabulary import TokenVocabulary
+from arbor.grammar.vocabulary import TokenVocabulary
 
 _ANCHOR = "\n"
 

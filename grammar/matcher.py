@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import outlines_core
 
-from grammar.vocabulary import TokenVocabulary
+from arbor.grammar.vocabulary import TokenVocabulary
 
 MASK_CACHE_BYTES = 32 << 20  # per grammar; least recently used state masks go first
 MAX_JUMP_BYTES = 256  # longest forced string written in one jump

@@ -1,6 +1,6 @@
 """The compile worker: a child process that builds outlines-core indexes under a memory cap.
 
-`python -m grammar.worker MEMORY_MB` reads length-prefixed msgpack frames on stdin: first
+`python -m arbor.grammar.worker MEMORY_MB` reads length-prefixed msgpack frames on stdin: first
 the serialized vocabulary, then `CompileJob`s; it answers each with a `CompileDone` on
 stdout. A regex whose automaton outgrows the cap kills only this process (the parent sees
 the pipe close and reports it), never the scheduler.

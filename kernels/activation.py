@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
-
-
-def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
-    """x [..., 2I] = gate | up -> silu(gate) * up [..., I] (torch reference)."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 @triton.jit

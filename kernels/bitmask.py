@@ -6,20 +6,6 @@ import torch
 import triton
 import triton.language as tl
 
-_SHIFTS = torch.arange(32, dtype=torch.int32)
-
-
-def apply_token_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """In place: logits[b, t] = -inf where bit t of row b is clear (torch reference). Tokens
-    past the mask's width are forbidden."""
-    vocab = logits.shape[-1]
-    shifts = _SHIFTS.to(bitmask.device)
-    allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().reshape(bitmask.shape[0], -1)[:, :vocab]
-    if allowed.shape[1] < vocab:
-        pad = torch.zeros(allowed.shape[0], vocab - allowed.shape[1], dtype=torch.bool, device=allowed.device)
-        allowed = torch.cat([allowed, pad], dim=1)
-    logits.masked_fill_(~allowed, float("-inf"))
-
 
 @triton.jit
 def _bitmask_kernel(Logits, Mask, stride_l, stride_m, VOCAB: tl.constexpr, WORDS: tl.constexpr,
@@ -34,18 +20,10 @@ def _bitmask_kernel(Logits, Mask, stride_l, stride_m, VOCAB: tl.constexpr, WORDS
 
 
 def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Same contract as apply_token_bitmask_ref; one pass over the logits."""
+    """Same contract as reference.apply_token_bitmask_ref; one pass over the logits."""
     rows, vocab = logits.shape
     if rows:
         block = 1024
         _bitmask_kernel[(rows, triton.cdiv(vocab, block))](
             logits, bitmask, logits.stride(0), bitmask.stride(0), VOCAB=vocab, WORDS=bitmask.shape[1], BLOCK=block,
         )
-
-
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """In place, with the Triton kernel on CUDA and torch elsewhere."""
-    if logits.is_cuda:
-        apply_token_bitmask_triton(logits, bitmask)
-    else:
-        apply_token_bitmask_ref(logits, bitmask)

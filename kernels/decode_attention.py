@@ -12,25 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.online_softmax import attend_block
+from arbor.kernels.online_softmax import attend_block
 
 MAX_SPLITS = 16
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more to merge than it saves
-
-
-def decode_attention_ref(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_indptr: torch.Tensor,
-                         kv_indices: torch.Tensor, scale: float, num_splits: int | None = None) -> torch.Tensor:
-    """q [B, Hq, D]; pools [slots, Hkv, D]; request b reads slots
-    kv_indices[kv_indptr[b]:kv_indptr[b + 1]]. Returns [B, Hq, D] (torch reference)."""
-    out = torch.empty_like(q)
-    group = q.shape[1] // k_pool.shape[1]
-    for b in range(q.shape[0]):
-        slots = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].long()
-        k = k_pool[slots].float().repeat_interleave(group, 1)  # [N, Hq, D]
-        v = v_pool[slots].float().repeat_interleave(group, 1)
-        p = torch.softmax(torch.einsum("hd,nhd->hn", q[b].float(), k) * scale, -1)
-        out[b] = torch.einsum("hn,nhd->hd", p, v).to(q.dtype)
-    return out
 
 
 def choose_splits(batch: int, kv_heads: int, max_len: int, device: torch.device) -> int:

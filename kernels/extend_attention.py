@@ -11,28 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.online_softmax import attend_block
-
-
-def extend_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
-                         v_pool: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                         kv_indices: torch.Tensor, scale: float, max_extend: int) -> torch.Tensor:
-    """q [T, Hq, D], k/v [T, Hkv, D] of the new tokens (request b owns rows
-    qo_indptr[b]:qo_indptr[b + 1]); its prefix is the pool slots
-    kv_indices[kv_indptr[b]:kv_indptr[b + 1]]. Returns [T, Hq, D] (torch reference)."""
-    out = torch.empty_like(q)
-    group = q.shape[1] // k.shape[1]
-    for b in range(qo_indptr.numel() - 1):
-        q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
-        slots = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])].long()
-        keys = torch.cat([k_pool[slots], k[q0:q1]]).float().repeat_interleave(group, 1)
-        vals = torch.cat([v_pool[slots], v[q0:q1]]).float().repeat_interleave(group, 1)
-        prefix, ext = slots.numel(), q1 - q0
-        allowed = torch.arange(prefix + ext)[None, :] <= prefix + torch.arange(ext)[:, None]
-        s = torch.einsum("qhd,nhd->hqn", q[q0:q1].float(), keys) * scale
-        p = torch.softmax(s.masked_fill(~allowed.to(s.device), float("-inf")), -1)
-        out[q0:q1] = torch.einsum("hqn,nhd->qhd", p, vals).to(q.dtype)
-    return out
+from arbor.kernels.online_softmax import attend_block
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Check and time every Triton kernel on a CUDA GPU: `python -m kernels.gpu_check [--out DIR]`.
+"""Check and time every Triton kernel on a CUDA GPU: `python -m arbor.kernels.gpu_check [--out DIR]`.
 
 Each kernel runs on fresh random inputs at serving sizes (Llama-3-8B shapes: 32 query heads,
 8 KV heads, head_dim 128, bf16), is compared with its torch reference, and is timed with
@@ -18,13 +18,22 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
-from kernels.bitmask import apply_token_bitmask_ref, apply_token_bitmask_triton
-from kernels.decode_attention import decode_attention_ref, decode_attention_triton
-from kernels.extend_attention import extend_attention_ref, extend_attention_triton
-from kernels.kv_store import store_kv_ref, store_kv_triton
-from kernels.norm import rmsnorm_ref, rmsnorm_triton
-from kernels.rotary import rotary_ref, rotary_triton
+from arbor.kernels.activation import silu_and_mul_triton
+from arbor.kernels.bitmask import apply_token_bitmask_triton
+from arbor.kernels.decode_attention import decode_attention_triton
+from arbor.kernels.extend_attention import extend_attention_triton
+from arbor.kernels.kv_store import store_kv_triton
+from arbor.kernels.norm import rmsnorm_triton
+from arbor.kernels.reference import (
+    apply_token_bitmask_ref,
+    decode_attention_ref,
+    extend_attention_ref,
+    rmsnorm_ref,
+    rotary_ref,
+    silu_and_mul_ref,
+    store_kv_ref,
+)
+from arbor.kernels.rotary import rotary_triton
 
 DT = torch.bfloat16
 HQ, HKV, D = 32, 8, 128

@@ -7,13 +7,6 @@ import triton
 import triton.language as tl
 
 
-def store_kv_ref(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> None:
-    """k_pool[slots[i]] = k[i] (and v), pools [slots, Hkv, D], k/v [T, Hkv, D]. Torch reference."""
-    k_pool[slots] = k.to(k_pool.dtype)
-    v_pool[slots] = v.to(v_pool.dtype)
-
-
 @triton.jit
 def _store_kernel(Slots, K, V, Kp, Vp, stride_kt, stride_vt, stride_ps, ROW: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)

@@ -7,19 +7,6 @@ import triton
 import triton.language as tl
 
 
-def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """weight * x / rms(x) over the last dim, in float32; with `residual`, x + residual first,
-    returning (normed, x + residual). Torch reference."""
-    if residual is not None:
-        x = x + residual
-        residual = x
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    out = weight * h.to(x.dtype)
-    return out if residual is None else (out, residual)
-
-
 @triton.jit
 def _rmsnorm_kernel(X, R, W, Out, Sum, eps, stride_x, stride_r, stride_o, stride_s, N: tl.constexpr,
                     BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):

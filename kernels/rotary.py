@@ -7,18 +7,6 @@ import triton
 import triton.language as tl
 
 
-def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, Hq, D], k [T, Hkv, D] rotated in place by the cos/sin tables [max_pos, D] (whose
-    halves repeat) at `positions` [T]; returns (q, k). Torch reference."""
-    c = cos[positions].unsqueeze(1).to(q.dtype)
-    s = sin[positions].unsqueeze(1).to(q.dtype)
-    for x in (q, k):
-        a, b = x.chunk(2, dim=-1)
-        x.copy_(x * c + torch.cat([-b, a], dim=-1) * s)
-    return q, k
-
-
 @triton.jit
 def _rotary_kernel(Pos, Q, K, Cos, Sin, stride_qt, stride_qh, stride_kt, stride_kh, stride_c,
                    HQ: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 from typing import NamedTuple
 
-from radix.key import TOKEN_BYTES, TokenIds, common_prefix_bytes, to_key, to_values
-from radix.node import TreeNode
+from arbor.radix.key import TOKEN_BYTES, TokenIds, common_prefix_bytes, to_key, to_values
+from arbor.radix.node import TreeNode
 
 FreeFn = Callable[[array], object]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import zmq
 
-from runtime.ipc import Puller, Pusher
-from runtime.messages import (
+from arbor.runtime.ipc import Puller, Pusher
+from arbor.runtime.messages import (
     AbortReq,
     BatchTextOut,
     BatchTokenOut,

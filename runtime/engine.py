@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from runtime.config import ServerArgs
-from runtime.processes import ChildProcesses
-from runtime.server.chat import role_markers
-from runtime.tokenizer_manager import GenerateInput, Prepared, TokenizerManager
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.processes import ChildProcesses
+from arbor.runtime.server.chat import role_markers
+from arbor.runtime.tokenizer_manager import GenerateInput, Prepared, TokenizerManager
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,8 +39,8 @@ class Engine:
     def __init__(self, model_path: str | None = None, **server_args: Any) -> None:
         from transformers import AutoTokenizer
 
-        from runtime.model.model_config import ModelConfig
-        from runtime.tiny_model import builtin_model_path
+        from arbor.runtime.model.model_config import ModelConfig
+        from arbor.runtime.tiny_model import builtin_model_path
 
         self.args = ServerArgs(model_path=model_path, **server_args)
         path = model_path or str(builtin_model_path())

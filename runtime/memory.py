@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.kv_store import store_kv_ref
+from arbor.kernels.reference import store_kv_ref
 
 
 class KVPool:

@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from grammar.constraint import Constraint
-from runtime.sampling_params import SamplingParams
+from arbor.grammar.constraint import Constraint
+from arbor.runtime.sampling_params import SamplingParams
 
 
 def pack_ids(ids: list[int] | array) -> bytes:

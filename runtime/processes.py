@@ -1,6 +1,6 @@
 """Start, watch and stop the scheduler and detokenizer processes.
 
-Children are fresh interpreters (`python -m runtime.processes ROLE SPEC`), not forks or
+Children are fresh interpreters (`python -m arbor.runtime.processes ROLE SPEC`), not forks or
 multiprocessing spawns: they never re-import the caller's main module (so scripts need no
 `if __name__ == "__main__"` guard) and receive only JSON: ServerArgs, paths, endpoints.
 """
@@ -13,8 +13,8 @@ import sys
 
 import msgspec
 
-from runtime.config import ServerArgs
-from runtime.ipc import IpcDir
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.ipc import IpcDir
 
 logger = logging.getLogger(__name__)
 ENDPOINTS = ("scheduler", "detokenizer", "front")
@@ -46,7 +46,7 @@ class ChildProcesses:
     def start(self) -> None:
         spec = msgspec.json.encode(self.spec).decode()
         for role in ("scheduler", "detokenizer"):
-            self.procs[role] = subprocess.Popen([sys.executable, "-m", "runtime.processes", role, spec])
+            self.procs[role] = subprocess.Popen([sys.executable, "-m", "arbor.runtime.processes", role, spec])
 
     def dead(self) -> str | None:
         """A message naming the first child that has exited, or None while all run."""
@@ -82,11 +82,11 @@ class ChildProcesses:
 def _main(role: str, raw: str) -> None:
     spec = msgspec.json.decode(raw, type=ChildSpec)
     if role == "scheduler":
-        from runtime.scheduler.process import run_scheduler
+        from arbor.runtime.scheduler.process import run_scheduler
 
         run_scheduler(spec.args, spec.model_path, spec.tokenizer_path, spec.endpoints)
     elif role == "detokenizer":
-        from runtime.detokenizer import run_detokenizer
+        from arbor.runtime.detokenizer import run_detokenizer
 
         run_detokenizer(spec.tokenizer_path, spec.endpoints)
     else:

@@ -12,11 +12,10 @@ from typing import Any
 
 import zmq.asyncio
 
-from grammar import Constraint, constraint_from_params, plan
-from grammar.constraint import check_output
-from runtime.config import ServerArgs
-from runtime.ipc import AsyncPuller, AsyncPusher
-from runtime.messages import (
+from arbor.grammar.constraint import Constraint, check_output, constraint_from_params, plan
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.ipc import AsyncPuller, AsyncPusher
+from arbor.runtime.messages import (
     AbortReq,
     BatchTextOut,
     FlushCacheReq,
@@ -30,8 +29,8 @@ from runtime.messages import (
     TokenizedGenerateReq,
     pack_ids,
 )
-from runtime.processes import ChildProcesses
-from runtime.sampling_params import SamplingParams
+from arbor.runtime.processes import ChildProcesses
+from arbor.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 CHILDREN = ("scheduler", "detokenizer")

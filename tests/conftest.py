@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from runtime.tiny_model import TinySpec, make_tiny_model
+from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 
 SPECS = {
     "llama": TinySpec(arch="llama"),

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from runtime.model.attention.base import AttentionBackend
+    from arbor.runtime.model.attention.base import AttentionBackend
 
 
 class ForwardMode(Enum):

@@ -8,9 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
-from kernels.norm import rmsnorm_ref, rmsnorm_triton
-from kernels.rotary import rotary_ref, rotary_triton
+from arbor.kernels.reference import rmsnorm_ref, rotary_ref, silu_and_mul_ref
 
 
 class RMSNorm(nn.Module):
@@ -65,19 +63,6 @@ class RotaryEmbedding:
         """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T] int. Rotates in place."""
         cos, sin = self._table(positions.device)
         return self.kernel(positions, q, k, cos, sin)
-
-
-def use_fused_kernels(model: nn.Module) -> None:
-    """Route every RMSNorm (with its residual add), SiLU-and-mul and RoPE of `model` through
-    the Triton kernels: the GPU path, chosen with the triton attention backend."""
-    for m in model.modules():
-        if isinstance(m, RMSNorm):
-            m.kernel = rmsnorm_triton
-        elif isinstance(m, GatedMLP):
-            m.act = silu_and_mul_triton
-        rotary = getattr(m, "rotary", None)
-        if isinstance(rotary, RotaryEmbedding):
-            rotary.kernel = rotary_triton
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from runtime.model.model_config import CheckpointError, ModelConfig
-from runtime.model.models import model_class
+from arbor.runtime.model.model_config import CheckpointError, ModelConfig
+from arbor.runtime.model.models import model_class
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, ModelConfig]:

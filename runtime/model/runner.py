@@ -9,12 +9,11 @@ from pathlib import Path
 
 import torch
 
-from runtime.config import ServerArgs
-from runtime.memory import KVPool, PageAllocator, ReqToTokenPool
-from runtime.model.attention import create_backend, resolve_backend
-from runtime.model.forward_batch import ForwardBatch
-from runtime.model.layers import use_fused_kernels
-from runtime.model.loader import load_model
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
+from arbor.runtime.model.attention import create_backend, resolve_backend
+from arbor.runtime.model.forward_batch import ForwardBatch
+from arbor.runtime.model.loader import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +68,8 @@ class ModelRunner:
             args.attention_backend, self.kv_pool, self.req_to_token, cfg.head_dim**-0.5
         )
         if resolve_backend(args.attention_backend, self.device.type) == "triton":
+            from arbor.runtime.model.fused import use_fused_kernels  # Triton loads here only
+
             use_fused_kernels(self.model)
         logger.info(
             "loaded %s (%s, %s) on %s: KV cache %d tokens (%.1f MiB), context %d",

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.sampling_params import SamplingParams
+from arbor.runtime.sampling_params import SamplingParams
 
 
 @dataclass

@@ -13,11 +13,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from grammar import Constraint, GrammarCompiler, GrammarMatcher, Retokenizer, TokenVocabulary
-from grammar.compiler import CompilerConfig
-from kernels.bitmask import apply_token_bitmask
-from runtime.config import ServerArgs
-from runtime.scheduler.req import Req
+from arbor.grammar.compiler import CompilerConfig, GrammarCompiler
+from arbor.grammar.constraint import Constraint
+from arbor.grammar.jump_forward import Retokenizer
+from arbor.grammar.matcher import GrammarMatcher
+from arbor.grammar.vocabulary import TokenVocabulary
+from arbor.kernels.reference import apply_token_bitmask_ref
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
@@ -83,11 +86,11 @@ class GrammarBackend:
             reqs[i].matcher.fill_bitmask(mask[j])
         bitmask = torch.from_numpy(mask).to(logits.device)
         if len(rows) == len(reqs):
-            apply_token_bitmask(logits, bitmask)
+            _apply_bitmask(logits, bitmask)
             return
         index = torch.tensor(rows, device=logits.device)
         sub = logits[index]  # only the constrained rows are masked (and copied)
-        apply_token_bitmask(sub, bitmask)
+        _apply_bitmask(sub, bitmask)
         logits[index] = sub
 
     def advance(self, req: Req, token: int) -> str | None:
@@ -140,3 +143,13 @@ def _copy_result(src: Future, dst: Future) -> None:
         dst.set_exception(src.exception())
     else:
         dst.set_result(src.result())
+
+
+def _apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place: the Triton kernel on CUDA, the torch reference elsewhere."""
+    if logits.is_cuda:
+        from arbor.kernels.bitmask import apply_token_bitmask_triton  # Triton loads on the GPU only
+
+        apply_token_bitmask_triton(logits, bitmask)
+    else:
+        apply_token_bitmask_ref(logits, bitmask)

@@ -7,9 +7,9 @@ from array import array
 
 import torch
 
-from radix import RadixCache
-from runtime.memory import PageAllocator, ReqToTokenPool, reserve_positions
-from runtime.scheduler.req import Req
+from arbor.radix.cache import RadixCache
+from arbor.runtime.memory import PageAllocator, ReqToTokenPool, reserve_positions
+from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 

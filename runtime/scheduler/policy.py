@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from runtime.scheduler.kv_manager import KVManager
-from runtime.scheduler.req import Req
+from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.scheduler.req import Req
 
 LPM_MAX_QUEUE = 256  # past this many waiting requests, matching each one costs more than it saves
 

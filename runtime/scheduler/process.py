@@ -7,9 +7,9 @@ import os
 
 import zmq
 
-from runtime.config import ServerArgs
-from runtime.ipc import Puller, Pusher
-from runtime.messages import (
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.ipc import Puller, Pusher
+from arbor.runtime.messages import (
     AbortReq,
     BatchTokenOut,
     FlushCacheReq,
@@ -21,7 +21,7 @@ from runtime.messages import (
     TokenizedGenerateReq,
     ToScheduler,
 )
-from runtime.scheduler.scheduler import Scheduler
+from arbor.runtime.scheduler.scheduler import Scheduler
 
 logger = logging.getLogger("arbor.scheduler")
 IDLE_POLL_MS = 1000

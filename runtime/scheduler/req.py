@@ -6,8 +6,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-from radix import TreeNode
-from runtime.sampling_params import SamplingParams
+from arbor.radix.node import TreeNode
+from arbor.runtime.sampling_params import SamplingParams
 
 
 @dataclass(eq=False)

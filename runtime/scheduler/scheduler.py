@@ -13,17 +13,18 @@ from typing import Any
 
 import torch
 
-from radix import TOKEN_BYTES, RadixCache, common_prefix_bytes, to_key
-from runtime.config import ServerArgs
-from runtime.messages import ReqOut, TokenizedGenerateReq, pack_ids, unpack_ids
-from runtime.model.forward_batch import ForwardBatch, ForwardMode
-from runtime.model.penalties import apply_penalties, block_stop_tokens
-from runtime.model.runner import ModelRunner
-from runtime.model.sampler import Sampler, SamplingBatch
-from runtime.scheduler.grammar import GrammarBackend
-from runtime.scheduler.kv_manager import KVManager
-from runtime.scheduler.policy import order_waiting
-from runtime.scheduler.req import Req
+from arbor.radix.cache import RadixCache
+from arbor.radix.key import TOKEN_BYTES, common_prefix_bytes, to_key
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.messages import ReqOut, TokenizedGenerateReq, pack_ids, unpack_ids
+from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.penalties import apply_penalties, block_stop_tokens
+from arbor.runtime.model.runner import ModelRunner
+from arbor.runtime.model.sampler import Sampler, SamplingBatch
+from arbor.runtime.scheduler.grammar import GrammarBackend
+from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.scheduler.policy import order_waiting
+from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from runtime.config import ServerArgs
-from runtime.processes import ChildProcesses
-from runtime.server.chat import ChatTokenizer, role_markers
-from runtime.server.errors import ApiError, decode
-from runtime.server.metrics import Metrics
-from runtime.server.protocol import AbortRequest, GenerateRequest
-from runtime.tokenizer_manager import EngineDead, GenerateInput, Prepared, TokenizerManager
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.processes import ChildProcesses
+from arbor.runtime.server.chat import ChatTokenizer, role_markers
+from arbor.runtime.server.errors import ApiError, decode
+from arbor.runtime.server.metrics import Metrics
+from arbor.runtime.server.protocol import AbortRequest, GenerateRequest
+from arbor.runtime.tokenizer_manager import EngineDead, GenerateInput, Prepared, TokenizerManager
 
 logger = logging.getLogger("arbor.server")
 DISCONNECT_POLL_S = 0.25
@@ -36,8 +36,8 @@ class ServerState:
     def __init__(self, args: ServerArgs) -> None:
         from transformers import AutoTokenizer
 
-        from runtime.model.model_config import ModelConfig
-        from runtime.tiny_model import builtin_model_path
+        from arbor.runtime.model.model_config import ModelConfig
+        from arbor.runtime.tiny_model import builtin_model_path
 
         self.args = args
         self.model_path = args.model_path or str(builtin_model_path())
@@ -231,7 +231,7 @@ def create_app(args: ServerArgs) -> FastAPI:
 
     guarded = APIRouter(dependencies=[Depends(_auth(args.api_key))])
     _native_routes(guarded, state)
-    from runtime.server.openai_api import openai_routes
+    from arbor.runtime.server.openai_api import openai_routes
 
     openai_routes(guarded, state)
     app.include_router(guarded)

@@ -11,10 +11,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from runtime.server.app import ServerState, read_body, sse
-from runtime.server.errors import ApiError
-from runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
-from runtime.tokenizer_manager import GenerateInput, Prepared
+from arbor.runtime.server.app import ServerState, read_body, sse
+from arbor.runtime.server.errors import ApiError
+from arbor.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from arbor.runtime.tokenizer_manager import GenerateInput, Prepared
 
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20

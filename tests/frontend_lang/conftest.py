@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import frontend_lang as sgl
+import arbor as sgl
 from tests.server.conftest import start_server, stop_server
 
 KEY = "dsl-key"

@@ -9,11 +9,11 @@ import sys
 
 import jsonschema
 
-from frontend_lang.demo import CITY, TOOL_CALL
+from arbor.frontend_lang.demo import CITY, TOOL_CALL
 
 
 def test_demo_runs_the_product_tour(tiny_model) -> None:
-    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "demo", "--model-path", str(tiny_model("llama")),
+    proc = subprocess.run([sys.executable, "-m", "arbor", "demo", "--model-path", str(tiny_model("llama")),
                            "--dtype", "float32", "--log-level", "warning"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

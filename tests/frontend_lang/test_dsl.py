@@ -9,7 +9,7 @@ import re
 import jsonschema
 import pytest
 
-import frontend_lang as sgl
+import arbor as sgl
 
 IPV4 = r"((25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)"
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import re
 
-import frontend_lang as sgl
-from frontend_lang.ir import REGEX_FLOAT, REGEX_INT, REGEX_STR
+import arbor as sgl
+from arbor.frontend_lang.ir import REGEX_FLOAT, REGEX_INT, REGEX_STR
 
 
 def test_few_shot_qa_structure(backend) -> None:

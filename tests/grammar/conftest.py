@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grammar.random_walk import Family
+from tests.grammar.random_walk import Family
 
 LLAMA2 = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "tokenizers" / "llama2"
 

@@ -8,8 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from grammar import CompilerConfig, Constraint, GrammarCompiler, GrammarError, GrammarMatcher
-from grammar.constraint import constraint_from_params
+from arbor.grammar.compiler import CompilerConfig, GrammarCompiler, GrammarError
+from arbor.grammar.constraint import Constraint, constraint_from_params
+from arbor.grammar.matcher import GrammarMatcher
 
 
 def accepts(family, params: dict, text: str) -> bool:

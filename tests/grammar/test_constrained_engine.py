@@ -10,8 +10,8 @@ import re
 import jsonschema
 import pytest
 
-from runtime.engine import Engine
-from runtime.tiny_model import TinySpec, make_tiny_model
+from arbor.runtime.engine import Engine
+from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 from tests.grammar.conftest import LLAMA2
 from tests.grammar.schemas import CHOICES, REGEXES, SCHEMAS
 

@@ -8,8 +8,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grammar.json_schema import schema_to_regex
-from grammar.regex_parts import bounded_number, escape, int_range, pattern_contents
+from arbor.grammar.json_schema import schema_to_regex
+from arbor.grammar.regex_parts import bounded_number, escape, int_range, pattern_contents
 
 bound = st.one_of(st.none(), st.integers(-1200, 1200))
 

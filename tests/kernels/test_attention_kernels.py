@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.decode_attention import decode_attention_ref, decode_attention_triton
-from kernels.extend_attention import extend_attention_ref, extend_attention_triton
+from arbor.kernels.decode_attention import decode_attention_triton
+from arbor.kernels.extend_attention import extend_attention_triton
+from arbor.kernels.reference import decode_attention_ref, extend_attention_ref
 from tests.kernels.conftest import DEVICE, assert_close, csr, paged_slots
 
 SHAPES = [  # (q heads, kv heads, head_dim): GQA ratios 1, 4, 8; head_dim 64 and 128

@@ -7,12 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
-from kernels.bitmask import apply_token_bitmask_ref, apply_token_bitmask_triton
-from kernels.kv_store import store_kv_ref, store_kv_triton
-from kernels.norm import rmsnorm_ref, rmsnorm_triton
-from kernels.rotary import rotary_ref, rotary_triton
-from runtime.model.layers import rope_inv_freq
+from arbor.kernels.activation import silu_and_mul_triton
+from arbor.kernels.bitmask import apply_token_bitmask_triton
+from arbor.kernels.kv_store import store_kv_triton
+from arbor.kernels.norm import rmsnorm_triton
+from arbor.kernels.reference import (
+    apply_token_bitmask_ref,
+    rmsnorm_ref,
+    rotary_ref,
+    silu_and_mul_ref,
+    store_kv_ref,
+)
+from arbor.kernels.rotary import rotary_triton
+from arbor.runtime.model.layers import rope_inv_freq
 from tests.kernels.conftest import DEVICE, assert_close, paged_slots
 
 DTYPES = [torch.float32, torch.float16]

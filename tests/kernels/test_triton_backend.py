@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.norm import rmsnorm_triton
-from runtime.config import ServerArgs
-from runtime.memory import reserve_positions
-from runtime.model.forward_batch import ForwardBatch, ForwardMode
-from runtime.model.runner import ModelRunner
+from arbor.kernels.norm import rmsnorm_triton
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.memory import reserve_positions
+from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.runner import ModelRunner
 
 ATOL = 1e-4
 

@@ -8,7 +8,8 @@ from array import array
 
 import pytest
 
-from radix import RadixCache, common_prefix_bytes, to_key
+from arbor.radix.cache import RadixCache
+from arbor.radix.key import common_prefix_bytes, to_key
 
 
 def _freed(cache: RadixCache, n: int) -> list[int]:

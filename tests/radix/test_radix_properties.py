@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from radix import RadixCache
+from arbor.radix.cache import RadixCache
 
 SALTS = st.sampled_from([None, "tenant-a", "tenant-b"])
 

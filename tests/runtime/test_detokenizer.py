@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, LlamaTokenizer
 
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.messages import ReqOut, pack_ids
+from arbor.runtime.detokenizer import IncrementalDetokenizer
+from arbor.runtime.messages import ReqOut, pack_ids
 
 LLAMA2 = Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizers" / "llama2"
 TEXT = "Prefix trees 🌳 share KV: héllo wörld, 世界と日本語, ∑ x² ≥ 0 — 🚀🚀 done."

@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from runtime.engine import Engine
-from runtime.memory import PageAllocator, ReqToTokenPool, reserve_positions
-from runtime.model.model_config import CheckpointError, ModelConfig
-from runtime.model.sampler import Sampler, SamplingBatch
-from runtime.sampling_params import SamplingParams
-from runtime.tiny_model import TinySpec, make_tiny_model
+from arbor.runtime.engine import Engine
+from arbor.runtime.memory import PageAllocator, ReqToTokenPool, reserve_positions
+from arbor.runtime.model.model_config import CheckpointError, ModelConfig
+from arbor.runtime.model.sampler import Sampler, SamplingBatch
+from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 
 
 def test_missing_directory_names_the_path(tmp_path):
@@ -36,7 +36,7 @@ def test_unsupported_architecture_is_named(tmp_path):
 
 
 def test_cli_reports_bad_checkpoint_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "demo", "--model-path", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "arbor", "demo", "--model-path", str(tmp_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no config.json" in proc.stderr

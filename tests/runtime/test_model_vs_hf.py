@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from runtime.config import ServerArgs
-from runtime.engine import Engine
-from runtime.memory import reserve_positions
-from runtime.model.forward_batch import ForwardBatch, ForwardMode
-from runtime.model.runner import ModelRunner
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.engine import Engine
+from arbor.runtime.memory import reserve_positions
+from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.runner import ModelRunner
 
 ATOL = 1e-4
 

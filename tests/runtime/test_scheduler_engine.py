@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
-from runtime.engine import Engine
-from runtime.model.penalties import apply_penalties
-from runtime.sampling_params import SamplingParams
+from arbor.runtime.engine import Engine
+from arbor.runtime.model.penalties import apply_penalties
+from arbor.runtime.sampling_params import SamplingParams
 
 
 def greedy(max_new: int, **extra) -> dict:

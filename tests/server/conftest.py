@@ -66,7 +66,7 @@ def _free_port() -> int:
 
 def start_server(model_path: str, *extra: str) -> Server:
     port = _free_port()
-    cmd = [sys.executable, "-m", "runtime.cli", "serve", "--model-path", model_path, "--port", str(port),
+    cmd = [sys.executable, "-m", "arbor", "serve", "--model-path", model_path, "--port", str(port),
            "--dtype", "float32", "--log-level", "warning", *extra]
     proc = subprocess.Popen(cmd)
     server = Server("127.0.0.1", port, os.path.basename(model_path), proc)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib
 
-from runtime.memory import KVPool, ReqToTokenPool
-from runtime.model.attention.base import AttentionBackend
+from arbor.runtime.memory import KVPool, ReqToTokenPool
+from arbor.runtime.model.attention.base import AttentionBackend
 
 BACKENDS = {
-    "torch": "runtime.model.attention.torch_backend:TorchAttnBackend",
-    "triton": "runtime.model.attention.triton_backend:TritonAttnBackend",
+    "torch": "arbor.runtime.model.attention.torch_backend:TorchAttnBackend",
+    "triton": "arbor.runtime.model.attention.triton_backend:TritonAttnBackend",
 }
 
 

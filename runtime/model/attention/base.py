@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from runtime.memory import KVPool, ReqToTokenPool
-from runtime.model.forward_batch import ForwardBatch
+from arbor.runtime.memory import KVPool, ReqToTokenPool
+from arbor.runtime.model.forward_batch import ForwardBatch
 
 
 class AttentionBackend(ABC):

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from runtime.model.attention.base import AttentionBackend
-from runtime.model.forward_batch import ForwardBatch
+from arbor.runtime.model.attention.base import AttentionBackend
+from arbor.runtime.model.forward_batch import ForwardBatch
 
 GROUPS = 8  # a batch is split into at most this many length-sorted groups...
 GROUP_MIN = 16  # ...of at least this many requests, so each pads only to its own longest

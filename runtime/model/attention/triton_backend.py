@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.decode_attention import choose_splits, decode_attention_triton
-from kernels.extend_attention import extend_attention_triton
-from kernels.kv_store import store_kv_triton
-from runtime.memory import KVPool, ReqToTokenPool
-from runtime.model.attention.base import AttentionBackend
-from runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.kernels.decode_attention import choose_splits, decode_attention_triton
+from arbor.kernels.extend_attention import extend_attention_triton
+from arbor.kernels.kv_store import store_kv_triton
+from arbor.runtime.memory import KVPool, ReqToTokenPool
+from arbor.runtime.model.attention.base import AttentionBackend
+from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 
 @dataclass

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from runtime.model.model_config import ModelConfig
-from runtime.model.models.llama import LlamaForCausalLM
+from arbor.runtime.model.model_config import ModelConfig
+from arbor.runtime.model.models.llama import LlamaForCausalLM
 
 MODELS: dict[str, type[nn.Module]] = {"llama": LlamaForCausalLM}
 

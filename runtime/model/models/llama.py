@@ -11,9 +11,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from runtime.model.forward_batch import ForwardBatch
-from runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
-from runtime.model.model_config import CheckpointError, ModelConfig
+from arbor.runtime.model.forward_batch import ForwardBatch
+from arbor.runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from arbor.runtime.model.model_config import CheckpointError, ModelConfig
 
 
 class Attention(nn.Module):

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from grammar.compiler import CompilerConfig, GrammarCompiler
-from grammar.constraint import constraint_from_params
-from grammar.jump_forward import Retokenizer
-from grammar.matcher import GrammarMatcher
-from grammar.vocabulary import TokenVocabulary
-from kernels.bitmask import apply_token_bitmask_ref
+from arbor.grammar.compiler import CompilerConfig, GrammarCompiler
+from arbor.grammar.constraint import constraint_from_params
+from arbor.grammar.jump_forward import Retokenizer
+from arbor.grammar.matcher import GrammarMatcher
+from arbor.grammar.vocabulary import TokenVocabulary
+from arbor.kernels.reference import apply_token_bitmask_ref
 
 
 class Family:

@@ -1,1 +1,0 @@
-"""Triton kernels, each beside its torch reference with the same signature."""
