@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +16,9 @@ from arbor.runtime.messages import (
     AbortReq,
     BatchTextOut,
     BatchTokenOut,
+    FinishReason,
+    FinishStop,
+    OutputOptions,
     ProcessError,
     Ready,
     ReqOut,
@@ -42,8 +47,8 @@ class IncrementalDetokenizer:
     """Per-request decode state; `feed` turns a step's token outputs into text outputs.
 
     Text is decoded over a short window of recent ids, so a multi-byte character split
-    across tokens is only emitted once complete. A request's stop strings end it at their
-    first occurrence (the stop string itself is not returned).
+    across tokens is only emitted once complete. A request's stop strings and regexes end it
+    at their first match (the match is cut unless `no_stop_trim`).
     """
 
     def __init__(self, tokenizer: Any) -> None:
@@ -60,18 +65,20 @@ class IncrementalDetokenizer:
                     self.ended.discard(out.rid)
                 continue
             s = self.streams.setdefault(out.rid, _Stream())
+            opts = out.output
             new_ids = unpack_ids(out.new_ids).tolist()
             s.ids += new_ids
-            self._decode(s, final=out.finish_reason is not None)
             reason = out.finish_reason
-            hit = _find_stop(s, out.stop)
+            self._decode(s, opts, reason)
+            hit = _find_stop(s, opts)
             if hit is not None:
-                s.text = s.text[: hit[0]]
-                reason = {"type": "stop", "matched": hit[1]}
+                start, end, matched = hit
+                s.text = s.text[: end if opts.no_stop_trim else start]
+                reason = FinishStop(matched=matched)
                 if out.finish_reason is None:
                     stopped.append(out.rid)
                     self.ended.add(out.rid)
-            hold = 0 if reason is not None else max((len(x) - 1 for x in out.stop), default=0)
+            hold = 0 if reason is not None else max([len(x) - 1 for x in opts.stop] + [opts.stop_regex_max_len - 1, 0])
             upto = max(s.sent, len(s.text) - hold)
             delta, s.sent = s.text[s.sent : upto], upto
             texts.append(TextOut(
@@ -84,26 +91,43 @@ class IncrementalDetokenizer:
                 del self.streams[out.rid]
         return texts, stopped
 
-    def _decode(self, s: _Stream, final: bool) -> None:
-        decode = self.tokenizer.decode
-        if final:
-            s.text = decode(s.ids, skip_special_tokens=True)
+    def _decode(self, s: _Stream, opts: OutputOptions, reason: FinishReason | None) -> None:
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids, skip_special_tokens=opts.skip_special_tokens,
+                                         spaces_between_special_tokens=opts.spaces_between_special_tokens)
+
+        if reason is not None:
+            ids = s.ids
+            if isinstance(reason, FinishStop) and isinstance(reason.matched, int) and not opts.no_stop_trim:
+                ids = ids[:-1]  # the stop token is not part of the text (SGLang trims it too)
+            s.text = decode(ids)
             return
-        prefix = decode(s.ids[s.prefix_offset : s.read_offset], skip_special_tokens=True)
-        window = decode(s.ids[s.prefix_offset :], skip_special_tokens=True)
+        prefix = decode(s.ids[s.prefix_offset : s.read_offset])
+        window = decode(s.ids[s.prefix_offset :])
         if len(window) > len(prefix) and not window.endswith(HOLD_BACK):
             s.text += window[len(prefix) :]
             s.prefix_offset, s.read_offset = s.read_offset, len(s.ids)
 
 
-def _find_stop(s: _Stream, stops: list[str]) -> tuple[int, str] | None:
-    """First stop string in the text not yet scanned (overlapping the scanned tail)."""
-    if not stops:
+def _find_stop(s: _Stream, opts: OutputOptions) -> tuple[int, int, str] | None:
+    """The first stop string or regex match in the text not yet scanned (overlapping the
+    scanned tail by the longest stop string or regex match): (start, end, matched text)."""
+    if not opts.scans_text:
         return None
-    start = max(0, s.scanned - max(len(x) for x in stops))
+    back = max([len(x) for x in opts.stop] + [opts.stop_regex_max_len])
+    start = max(0, s.scanned - back)
     s.scanned = len(s.text)
-    hits = [(i, x) for x in stops if (i := s.text.find(x, start)) >= 0]
+    hits = [(i, i + len(x), x) for x in opts.stop if (i := s.text.find(x, start)) >= 0]
+    for pattern in opts.stop_regex:
+        m = _compiled(pattern).search(s.text, start)
+        if m is not None:
+            hits.append((m.start(), m.end(), m.group(0)))
     return min(hits) if hits else None
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
 
 
 def run_detokenizer(tokenizer_path: str, endpoints: dict[str, str]) -> None:

@@ -13,9 +13,11 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.outputs import GenerateOutput
 from arbor.runtime.processes import ChildProcesses
+from arbor.runtime.request import split_batch
 from arbor.runtime.server.chat import role_markers
-from arbor.runtime.tokenizer_manager import GenerateInput, Prepared, TokenizerManager
+from arbor.runtime.tokenizer_manager import Prepared, TokenizerManager
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -23,8 +25,7 @@ T = TypeVar("T")
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
-OPTIONS = {"stream", "return_logprob", "cache_salt", "logprob_start_len", "top_logprobs_num",
-           "return_text_in_logprobs"}  # per-request fields of GenerateInput the Engine passes through
+OPTIONS = {"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"}  # **logprob_options
 PROGRESS_MIN_BATCH = 32  # batches at least this large show a progress bar by default
 START_TIMEOUT_S = 600.0
 
@@ -69,12 +70,12 @@ class Engine:
     # ------------------------------------------------------------- generate
 
     def generate(
-        self, prompt: Prompt = None, input_ids: InputIds = None, sampling_params: Params = None,
+        self, prompt: Prompt = None, sampling_params: Params = None, input_ids: InputIds = None,
         stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
         rid: str | list[str] | None = None, progress: bool | None = None, **logprob_options: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back; a list of n for n > 1) or a list (a list
-        back, in order, n per prompt). `stream=True` (one prompt) returns an iterator of
+        back, in order, n per prompt); SGLang's Engine argument order. `stream=True` (one prompt) returns an iterator of
         dicts with cumulative text. `rid` names the request(s) for `abort`. `progress` shows
         a bar (default: batches >= 32). `logprob_options`: logprob_start_len (>= 0 adds
         prompt logprobs), top_logprobs_num, return_text_in_logprobs."""
@@ -86,7 +87,7 @@ class Engine:
         return _shape(self._call(self._collect(prepared, show)), single)
 
     async def async_generate(
-        self, prompt: Prompt = None, input_ids: InputIds = None, sampling_params: Params = None,
+        self, prompt: Prompt = None, sampling_params: Params = None, input_ids: InputIds = None,
         stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
         rid: str | list[str] | None = None, **logprob_options: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
@@ -116,19 +117,12 @@ class Engine:
         self, prompt: Prompt, input_ids: InputIds, params: Params, rid: str | list[str] | None,
         options: dict[str, Any],
     ) -> tuple[list[Prepared], bool]:
-        inputs, single = _inputs(prompt, input_ids, params)
-        unknown = sorted(set(options) - OPTIONS)
+        unknown = sorted(set(options) - OPTIONS - {"stream", "return_logprob", "cache_salt"})
         if unknown:
             raise ValueError(f"unknown argument(s) {', '.join(unknown)}; supported: {', '.join(sorted(OPTIONS))}")
+        inputs, single = split_batch(prompt, input_ids, params, rid=rid, **options)
         if options["stream"] and not single:
             raise ValueError("stream=True takes one prompt; call generate once per prompt to stream several")
-        rids = [rid] * len(inputs) if rid is None or isinstance(rid, str) else rid
-        if len(rids) != len(inputs) or (isinstance(rid, str) and not single):
-            raise ValueError(f"rid must be one string per prompt ({len(inputs)} prompts)")
-        for one, r in zip(inputs, rids):
-            one.rid = r
-            for name, value in options.items():
-                setattr(one, name, value)
         return [self.manager.prepare(one) for one in inputs], single
 
     async def _collect(self, prepared: list[Prepared], show: bool) -> list[list[dict[str, Any]]]:
@@ -139,7 +133,7 @@ class Engine:
         async def one(p: Prepared) -> list[dict[str, Any]]:
             outs = [out async for out in self.manager.run(p)]
             bar.update(1)
-            return sorted(outs, key=lambda o: o.get("index", 0))
+            return [o.to_json() for o in sorted(outs, key=_index)]
 
         try:
             return await asyncio.gather(*(one(p) for p in prepared))
@@ -151,7 +145,7 @@ class Engine:
         try:
             while True:
                 try:
-                    yield self._call(agen.__anext__())
+                    yield self._call(agen.__anext__()).to_json()
                 except StopAsyncIteration:
                     return
         finally:
@@ -163,7 +157,7 @@ class Engine:
         try:
             while True:
                 try:
-                    yield await asyncio.wrap_future(self._submit(agen.__anext__()))
+                    yield (await asyncio.wrap_future(self._submit(agen.__anext__()))).to_json()
                 except StopAsyncIteration:
                     return
         finally:
@@ -206,32 +200,8 @@ class Engine:
         self.shutdown()
 
 
-def _inputs(prompt: Prompt, input_ids: InputIds, params: Params) -> tuple[list[GenerateInput], bool]:
-    """One GenerateInput per prompt, and whether the caller gave a single prompt."""
-    if (prompt is None) == (input_ids is None):
-        raise ValueError("give exactly one of prompt (text) or input_ids (token ids)")
-    if isinstance(prompt, str):
-        texts: list[Any] = [prompt]
-        single = True
-    elif prompt is not None:
-        if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str) for p in prompt):
-            raise ValueError("prompt must be a string or a non-empty list of strings")
-        texts, single = prompt, False
-    elif isinstance(input_ids, list) and input_ids and all(isinstance(t, int) for t in input_ids):
-        texts, single = [None], True
-    elif isinstance(input_ids, list) and input_ids and all(isinstance(x, list) for x in input_ids):
-        texts, single = [None] * len(input_ids), False
-    else:
-        raise ValueError("input_ids must be a non-empty list of token ids or a list of such lists")
-    ids_list: list[Any] = [None] * len(texts) if input_ids is None else ([input_ids] if single else input_ids)
-    if isinstance(params, list):
-        if len(params) != len(texts):
-            raise ValueError(f"sampling_params has {len(params)} entries for {len(texts)} prompts")
-        per = params
-    else:
-        per = [params] * len(texts)
-    inputs = [GenerateInput(text=t, input_ids=i, sampling_params=p) for t, i, p in zip(texts, ids_list, per)]
-    return inputs, single
+def _index(out: GenerateOutput) -> int:
+    return out.index or 0
 
 
 def _shape(results: list[list[dict[str, Any]]], single: bool) -> dict[str, Any] | list[dict[str, Any]]:

@@ -29,6 +29,52 @@ class _Msg(msgspec.Struct, tag=True, kw_only=True):
     """Base: the class name is the wire tag, so one Union decoder can route every type."""
 
 
+# ---------------------------------------------------------------- finish reasons
+
+
+class _Finish(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
+    """Why a request ended (SGLang's FINISH_* family); JSON as `{"type": ..., ...}`."""
+
+
+class FinishStop(_Finish, tag="stop"):
+    """EOS or a stop token (`matched` its id), a stop string or regex (the text), or a
+    grammar that completed (None)."""
+
+    matched: int | str | None = None
+
+
+class FinishLength(_Finish, tag="length"):
+    """max_new_tokens (or the context) ran out after `length` tokens."""
+
+    length: int
+
+
+class FinishAbort(_Finish, tag="abort"):
+    """Ended early: aborted, refused, or failed; `status_code` is the HTTP code it maps to."""
+
+    message: str = "aborted"
+    status_code: int = 500
+
+
+FinishReason = FinishStop | FinishLength | FinishAbort
+
+
+class OutputOptions(msgspec.Struct, kw_only=True, frozen=True):
+    """How a request's tokens become text: stop strings and regexes, and decode flags."""
+
+    stop: list[str] = []
+    stop_regex: list[str] = []
+    stop_regex_max_len: int = 0  # longest text a stop regex can match (capped), held back in streams
+    no_stop_trim: bool = False  # keep the matched stop string or token in the output
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+
+    @property
+    def scans_text(self) -> bool:
+        """Whether the detokenizer must see every step's text (to find a stop)."""
+        return bool(self.stop or self.stop_regex)
+
+
 # ------------------------------------------------------------ front -> scheduler
 
 
@@ -44,7 +90,7 @@ class TokenizedGenerateReq(_Msg):
     logprob_start_len: int = -1  # >= 0: also return prompt logprobs from this position
     top_logprobs_num: int = 0
     cache_salt: str | None = None
-    stop: list[str] = []
+    output: OutputOptions = OutputOptions()
     constraint: Constraint | None = None  # regex / json_schema / choices / json_object
 
 
@@ -70,7 +116,7 @@ class ReqOut(msgspec.Struct, kw_only=True):
 
     rid: str
     new_ids: bytes
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -78,7 +124,7 @@ class ReqOut(msgspec.Struct, kw_only=True):
     top_logprobs: list[list[tuple[float, int]]] = []
     input_logprobs: list[float] = []  # prompt positions logprob_start_len.. (position 0 excluded)
     input_top_logprobs: list[list[tuple[float, int]]] = []
-    stop: list[str] = []
+    output: OutputOptions = OutputOptions()
 
 
 class BatchTokenOut(_Msg):
@@ -120,7 +166,7 @@ class TextOut(msgspec.Struct, kw_only=True):
     rid: str
     text: str
     output_ids: list[int]
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

@@ -53,16 +53,33 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
     @classmethod
-    def from_dict(cls, params: dict[str, Any] | None) -> SamplingParams:
-        """Build from a request's sampling_params dict; unknown keys are an error."""
-        params = dict(params or {})
+    def from_dict(cls, params: dict[str, Any]) -> SamplingParams:
+        """Build from the sampling keys of a request (the front door has taken out the
+        output and constraint keys). A key that holds None takes its default, as in SGLang;
+        `sampling_seed` is SGLang's name for `seed`; unknown keys are an error."""
+        params = {k: v for k, v in params.items() if v is not None}
+        if "sampling_seed" in params:
+            params.setdefault("seed", params.pop("sampling_seed"))
+        for name, default in DEFAULT_ONLY.items():
+            value = params.pop(name, default)
+            _check(value == default, f"sampling parameter {name} is not supported by Arbor (got {value!r}); "
+                                     f"omit it or send its default {default!r}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - known)
         _check(not unknown, f"unknown sampling parameter(s) {', '.join(unknown)}; "
-                            f"supported: {', '.join(sorted(known))}")
-        if params.get("stop_token_ids") is None:
-            params.pop("stop_token_ids", None)
+                            f"supported: {', '.join(sorted(known | FRONT_DOOR_KEYS))}")
         return cls(**params)
+
+
+# SGLang SamplingParams fields Arbor does not implement: accepted only at their defaults.
+DEFAULT_ONLY: dict[str, Any] = {
+    "beam_width": None, "ebnf": None, "structural_tag": None, "logit_bias": None, "custom_params": None,
+    "watermark": None, "stop_strs": None, "stop_regex_strs": None, "stop_str_max_len": 0,
+    "stop_regex_max_len": 0, "is_normalized": False, "ebnf_full_assistant": False,
+}
+# Keys the front door takes out before `from_dict`: output options, n, constraints.
+FRONT_DOOR_KEYS = {"stop", "stop_regex", "no_stop_trim", "skip_special_tokens", "spaces_between_special_tokens",
+                   "stream_interval", "n", "regex", "json_schema", "choices", "json_object", "sampling_seed"}
 
 
 def _is_number(x: Any) -> bool:

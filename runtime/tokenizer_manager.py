@@ -5,20 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
+
+try:
+    from re import _parser as sre_parse  # Python 3.11+: the parser re uses, for match widths
+except ImportError:  # Python 3.10
+    import sre_parse  # type: ignore[no-redef]
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq.asyncio
 
-from arbor.grammar.constraint import Constraint, check_output, constraint_from_params, plan
+from arbor.grammar.constraint import check_output, constraint_from_params, plan
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.ipc import AsyncPuller, AsyncPusher
 from arbor.runtime.messages import (
     AbortReq,
     BatchTextOut,
     FlushCacheReq,
+    OutputOptions,
     ProcessError,
     Ready,
     ShutdownReq,
@@ -29,7 +36,9 @@ from arbor.runtime.messages import (
     TokenizedGenerateReq,
     pack_ids,
 )
+from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
 from arbor.runtime.processes import ChildProcesses
+from arbor.runtime.request import GenerateInput
 from arbor.runtime.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -38,6 +47,8 @@ WATCH_INTERVAL_S = 0.25
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_CHARS = 256
+MAX_STOP_REGEX_WIDTH = 256  # a longer stop regex match may be partly streamed before it is found
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's native default; OpenAI's "absent" is None (the context)
 
 
 class EngineDead(RuntimeError):
@@ -56,6 +67,7 @@ class _Sample:
     input_logprobs: list[float] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     last: TextOut | None = None
+    streamed: int = 0  # output tokens whose logprobs a stream event already carried
 
 
 @dataclass
@@ -67,22 +79,7 @@ class Prepared:
     ids: list[int]
     return_text_in_logprobs: bool = False
     unenforced: list[str] = field(default_factory=list)  # schema keywords validated after the fact
-
-
-@dataclass
-class GenerateInput:
-    """One prompt as the front door receives it (text or token ids, never both)."""
-
-    text: str | None = None
-    input_ids: list[int] | None = None
-    sampling_params: dict[str, Any] | None = None
-    stream: bool = False
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    return_text_in_logprobs: bool = False
-    cache_salt: str | None = None
-    rid: str | None = None
+    stream_interval: int = 1  # a stream yields every this many tokens (and at the end)
 
 
 class TokenizerManager:
@@ -143,7 +140,13 @@ class TokenizerManager:
         """Validate and tokenize one prompt; raises ValueError naming what to change."""
         self._check_alive()
         ids = self._tokenize(req)
-        params, stop, n, constraint = self._params(ids, req.sampling_params)
+        raw = req.sampling_params
+        if raw is not None and not isinstance(raw, dict):
+            raise ValueError(f"sampling_params must be an object, got {type(raw).__name__}")
+        raw = dict(raw or {})
+        constraint = constraint_from_params(raw)
+        output, n, interval = self._output_options(raw)
+        params = self._sampling(ids, raw)
         start = _logprob_args(req, len(ids))
         rid = req.rid or uuid.uuid4().hex
         rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
@@ -152,20 +155,21 @@ class TokenizerManager:
         msg = TokenizedGenerateReq(
             rid=rid, input_ids=pack_ids(ids), sampling=params, n=n, stream=req.stream,
             return_logprob=req.return_logprob, logprob_start_len=start, top_logprobs_num=req.top_logprobs_num,
-            cache_salt=req.cache_salt, stop=stop, constraint=constraint,
+            cache_salt=req.cache_salt, output=output, constraint=constraint,
         )
         unenforced = plan(constraint).unenforced if constraint is not None else []
-        return Prepared(msg, rids, ids, req.return_text_in_logprobs, unenforced)
+        return Prepared(msg, rids, ids, req.return_text_in_logprobs, unenforced, interval)
 
-    async def generate(self, req: GenerateInput) -> AsyncIterator[dict[str, Any]]:
+    async def generate(self, req: GenerateInput) -> AsyncIterator[GenerateOutput]:
         """`prepare` then `run`."""
         async for out in self.run(self.prepare(req)):
             yield out
 
-    async def run(self, prepared: Prepared) -> AsyncIterator[dict[str, Any]]:
-        """Yield response dicts: with `stream`, one per text increment of each sample
-        (cumulative text); else one final dict per sample. A sample's last dict has
-        `meta_info.finish_reason` set. Closing the iterator early aborts the request."""
+    async def run(self, prepared: Prepared) -> AsyncIterator[GenerateOutput]:
+        """Yield outputs: with `stream`, one per text increment of each sample (cumulative
+        text, the logprobs new since the last event; every `stream_interval` tokens); else
+        one final output per sample. A sample's last output has its finish reason set.
+        Closing the iterator early aborts the request."""
         self._check_alive()
         msg, rids = prepared.msg, prepared.rids
         queue: asyncio.Queue[TextOut | Exception] = asyncio.Queue()
@@ -189,7 +193,8 @@ class TokenizerManager:
                 s.last = item
                 if item.finish_reason is not None:
                     open_rids.discard(item.rid)
-                if msg.stream or item.finish_reason is not None:
+                    yield self._response(item.rid, s, prepared)
+                elif msg.stream and len(s.output_ids) - s.streamed >= prepared.stream_interval:
                     yield self._response(item.rid, s, prepared)
         finally:
             for r in rids:
@@ -244,30 +249,43 @@ class TokenizerManager:
             )
         return ids
 
-    def _params(self, ids: list[int], raw: dict[str, Any] | None
-                ) -> tuple[SamplingParams, list[str], int, Constraint | None]:
-        if raw is not None and not isinstance(raw, dict):
-            raise ValueError(f"sampling_params must be an object, got {type(raw).__name__}")
-        raw = dict(raw or {})
-        constraint = constraint_from_params(raw)
-        stop = _stop_strings(raw.pop("stop", None))
-        n = raw.pop("n", 1)
-        max_n = self.args.max_n
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_n:
-            raise ValueError(f"n must be an integer in [1, {max_n}], got {n!r}")
+    def _output_options(self, raw: dict[str, Any]) -> tuple[OutputOptions, int, int]:
+        """Take the output keys out of a sampling-params dict: (options, n, stream_interval)."""
+        flags = {}
+        for name, default in (("no_stop_trim", False), ("skip_special_tokens", True),
+                              ("spaces_between_special_tokens", True)):
+            value = raw.pop(name, None)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
+            flags[name] = default if value is None else value
+        patterns = _stop_regexes(raw.pop("stop_regex", None))
+        output = OutputOptions(stop=_stop_strings(raw.pop("stop", None), "stop"), stop_regex=patterns,
+                               stop_regex_max_len=max(map(_match_width, patterns), default=0), **flags)
+        n = _bounded_int(raw.pop("n", None), "n", 1, 1, self.args.max_n)
+        interval = _bounded_int(raw.pop("stream_interval", None), "stream_interval", 1, 1, 1 << 20)
+        return output, n, interval
+
+    def _sampling(self, ids: list[int], raw: dict[str, Any]) -> SamplingParams:
+        """SamplingParams with max_new_tokens settled once: absent = 128 (SGLang's default),
+        None = until the context (or the KV pool) is full; never past the context."""
+        asked = raw.pop("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
         params = SamplingParams.from_dict(raw)
-        context = self.info["context_length"]
-        if params.max_new_tokens > context:
-            raise ValueError(f"max_new_tokens is {params.max_new_tokens} but the context length is {context}; "
-                             f"ask for at most {context}")
-        # Generation stops at the context limit with finish reason "length".
-        params.max_new_tokens = min(params.max_new_tokens, context - len(ids))
+        context, total = self.info["context_length"], self.info["max_total_tokens"]
+        room = min(context, total) - len(ids)
+        if asked is None:
+            params.max_new_tokens = room
+            return params
+        if not isinstance(asked, int) or isinstance(asked, bool) or asked < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {asked!r}")
+        if asked > context:
+            raise ValueError(f"max_new_tokens is {asked} but the context length is {context}; "
+                             f"ask for at most {context}, or leave it out to run until the context is full")
+        params.max_new_tokens = min(asked, context - len(ids))  # ends with "length" at the context limit
         need = len(ids) + params.max_new_tokens
-        total = self.info["max_total_tokens"]
         if need > total:
             raise ValueError(f"request needs {need} KV slots (prompt + max_new_tokens) but the cache holds "
                              f"{total}; lower max_new_tokens or raise max_total_tokens")
-        return params, stop, n, constraint
+        return params
 
     def _check_alive(self) -> None:
         if self.dead is not None:
@@ -315,40 +333,42 @@ class TokenizerManager:
                 fut.set_exception(exc)
         self._stats_waiters.clear()
 
-    def _response(self, rid: str, s: _Sample, prepared: Prepared) -> dict[str, Any]:
+    def _response(self, rid: str, s: _Sample, prepared: Prepared) -> GenerateOutput:
         last = s.last
         assert last is not None
-        meta: dict[str, Any] = {
-            "id": rid, "finish_reason": last.finish_reason, "prompt_tokens": last.prompt_tokens,
-            "completion_tokens": len(s.output_ids), "cached_tokens": last.cached_tokens,
-        }
         msg = prepared.msg
+        meta = MetaInfo(id=rid, finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
+                        completion_tokens=len(s.output_ids), cached_tokens=last.cached_tokens)
         if msg.return_logprob:
             entry = self._logprob_entry if prepared.return_text_in_logprobs else _bare_entry
-            meta["output_token_logprobs"] = [entry(lp, t) for lp, t in zip(s.logprobs, s.output_ids)]
+            start = s.streamed if msg.stream else 0
+            new = zip(s.logprobs[start:], s.output_ids[start:])
+            meta.output_token_logprobs = [entry(lp, t) for lp, t in new]
+            meta.output_token_logprobs_length = len(s.logprobs)
             if msg.top_logprobs_num:
-                meta["output_top_logprobs"] = [[entry(lp, t) for lp, t in row] for row in s.top_logprobs]
-            if msg.logprob_start_len >= 0 and last.finish_reason is not None:
-                start = msg.logprob_start_len
-                head = [entry(None, prepared.ids[0])] if start == 0 else []
-                targets = prepared.ids[max(start, 1):]
-                meta["input_token_logprobs"] = head + [entry(lp, t) for lp, t in zip(s.input_logprobs, targets)]
+                meta.output_top_logprobs = [[entry(lp, t) for lp, t in row] for row in s.top_logprobs[start:]]
+            if last.finish_reason is not None and msg.logprob_start_len < 0:
+                meta.input_token_logprobs = []  # SGLang's shape: present, empty when not asked for
+            elif last.finish_reason is not None:
+                first = msg.logprob_start_len
+                head = [entry(None, prepared.ids[0])] if first == 0 else []
+                targets = prepared.ids[max(first, 1):]
+                meta.input_token_logprobs = head + [entry(lp, t) for lp, t in zip(s.input_logprobs, targets)]
                 if msg.top_logprobs_num:
                     rows = [[entry(lp, t) for lp, t in row] for row in s.input_top_logprobs]
-                    meta["input_top_logprobs"] = ([None] if start == 0 else []) + rows
+                    meta.input_top_logprobs = ([None] if first == 0 else []) + rows
+        s.streamed = len(s.output_ids)
         if prepared.unenforced and last.finish_reason is not None:
-            meta["schema_check"] = check_output(prepared.msg.constraint, s.text, prepared.unenforced)
-        out: dict[str, Any] = {"text": s.text, "output_ids": list(s.output_ids), "meta_info": meta}
-        if msg.n > 1:
-            out["index"] = s.index
-        return out
+            meta.schema_check = check_output(prepared.msg.constraint, s.text, prepared.unenforced)
+        return GenerateOutput(text=s.text, output_ids=list(s.output_ids), meta_info=meta,
+                              index=s.index if msg.n > 1 else None)
 
-    def _logprob_entry(self, lp: float | None, token: int) -> list[Any]:
-        return [lp, token, self.tokenizer.decode([token])]
+    def _logprob_entry(self, lp: float | None, token: int) -> LogprobEntry:
+        return LogprobEntry(lp, token, self.tokenizer.decode([token]))
 
 
-def _bare_entry(lp: float | None, token: int) -> list[Any]:
-    return [lp, token, None]
+def _bare_entry(lp: float | None, token: int) -> LogprobEntry:
+    return LogprobEntry(lp, token, None)
 
 
 def _logprob_args(req: GenerateInput, prompt_len: int) -> int:
@@ -364,12 +384,35 @@ def _logprob_args(req: GenerateInput, prompt_len: int) -> int:
     return start if req.return_logprob else -1
 
 
-def _stop_strings(stop: Any) -> list[str]:
+def _stop_strings(stop: Any, name: str) -> list[str]:
     if stop is None:
         return []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
-        raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        raise ValueError(f"{name} must be a non-empty string or a list of non-empty strings")
     if len(stops) > MAX_STOP_STRINGS or any(len(x) > MAX_STOP_CHARS for x in stops):
-        raise ValueError(f"stop allows at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters")
+        raise ValueError(f"{name} allows at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_CHARS} characters")
     return stops
+
+
+def _stop_regexes(stop_regex: Any) -> list[str]:
+    patterns = _stop_strings(stop_regex, "stop_regex")
+    for p in patterns:
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise ValueError(f"stop_regex {p!r} is not a valid regular expression: {e}") from None
+    return patterns
+
+
+def _match_width(pattern: str) -> int:
+    """The longest text `pattern` can match, capped at MAX_STOP_REGEX_WIDTH (unbounded repeats)."""
+    return min(sre_parse.parse(pattern).getwidth()[1], MAX_STOP_REGEX_WIDTH)
+
+
+def _bounded_int(value: Any, name: str, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    return value

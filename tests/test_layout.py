@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ("runtime", "radix", "grammar", "kernels", "frontend_lang")

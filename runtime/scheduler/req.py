@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arbor.radix.node import TreeNode
+from arbor.runtime.messages import FinishReason, OutputOptions
 from arbor.runtime.sampling_params import SamplingParams
 
 
@@ -26,7 +27,7 @@ class Req:
     stream: bool = False
     return_logprob: bool = False
     cache_salt: str | None = None
-    stop: list[str] = field(default_factory=list)
+    output: OutputOptions = field(default_factory=OutputOptions)
     output_ids: list[int] = field(default_factory=list)
     logprob_start: int = -1  # >= 0: prompt logprobs wanted from this position
     top_logprobs_num: int = 0
@@ -46,7 +47,7 @@ class Req:
     skipped: int = 0  # times a later request was admitted first
     retractions: int = 0
     sent_ids: int = 0  # output ids already sent down the ring
-    finish_reason: dict[str, Any] | None = None
+    finish_reason: FinishReason | None = None
     constraint: Any = None  # grammar.Constraint of a constrained request
     grammar_future: Any = None  # Future of its CompiledGrammar while it compiles
     matcher: Any = None  # grammar.GrammarMatcher once compiled

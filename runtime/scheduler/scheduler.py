@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
 
 import torch
 
 from arbor.radix.cache import RadixCache
 from arbor.radix.key import TOKEN_BYTES, common_prefix_bytes, to_key
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.messages import ReqOut, TokenizedGenerateReq, pack_ids, unpack_ids
+from arbor.runtime.messages import (
+    FinishAbort,
+    FinishLength,
+    FinishReason,
+    FinishStop,
+    ReqOut,
+    TokenizedGenerateReq,
+    pack_ids,
+    unpack_ids,
+)
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.penalties import apply_penalties, block_stop_tokens
 from arbor.runtime.model.runner import ModelRunner
@@ -61,26 +69,11 @@ class Scheduler:
     # -------------------------------------------------------------- intake
 
     def add(self, msg: TokenizedGenerateReq) -> list[ReqOut]:
-        """Queue a request (n > 1: n requests); a request that can never fit ends at once."""
+        """Queue a request (n > 1: n requests). The front door validated it: the prompt fits
+        the context and prompt + max_new_tokens fits the KV pool."""
         ids = unpack_ids(msg.input_ids)
-        context = self.runner.context_len
-        problem = None
-        if not ids:
-            problem = "the prompt is empty; give at least one token"
-        elif len(ids) >= context:
-            problem = f"prompt has {len(ids)} tokens but the context length is {context}; shorten it"
         params = msg.sampling
-        cap = context - len(ids)
-        if params.max_new_tokens > cap and problem is None:
-            params.max_new_tokens = cap  # ends with finish reason "length" at the context limit
-        need = len(ids) + params.max_new_tokens
-        if problem is None and need > self.kv.allocator.total_slots:
-            problem = (f"request needs {need} KV slots (prompt + max_new_tokens) but the cache holds "
-                       f"{self.kv.allocator.total_slots}; lower max_new_tokens or raise max_total_tokens")
         rids = [msg.rid] if msg.n == 1 else [f"{msg.rid}-{i}" for i in range(msg.n)]
-        if problem is not None:
-            reason = {"type": "abort", "message": problem}
-            return [ReqOut(rid=r, new_ids=b"", finish_reason=reason, prompt_tokens=len(ids)) for r in rids]
         future = self._grammar().submit(msg.constraint) if msg.constraint is not None else None
         for i, rid in enumerate(rids):
             self._arrivals += 1
@@ -89,7 +82,7 @@ class Scheduler:
             req = Req(rid, ids, own, group=msg.rid, stream=msg.stream, return_logprob=msg.return_logprob,
                       logprob_start=msg.logprob_start_len if msg.return_logprob else -1,
                       top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
-                      cache_salt=msg.cache_salt, stop=list(msg.stop), arrival=self._arrivals,
+                      cache_salt=msg.cache_salt, output=msg.output, arrival=self._arrivals,
                       constraint=msg.constraint, grammar_future=future)
             (self.compiling if future is not None else self.waiting).append(req)
         return []
@@ -109,16 +102,16 @@ class Scheduler:
                 continue
             req.grammar_future = None
             if future.exception() is not None:
-                req.finish_reason = {"type": "abort", "message": str(future.exception()), "status": 400}
+                req.finish_reason = FinishAbort(message=str(future.exception()), status_code=400)
                 outs.append(self._out(req))
                 continue
             assert self.grammar is not None
             self.grammar.start(req, future.result())
             self.counters["forced_tokens"] += len(req.output_ids)
             if req.matcher.is_terminated():
-                req.finish_reason = {"type": "stop", "matched": None}
+                req.finish_reason = FinishStop()
             elif req.remaining_new_tokens == 0:
-                req.finish_reason = {"type": "length", "length": len(req.output_ids)}
+                req.finish_reason = FinishLength(length=len(req.output_ids))
             if req.finish_reason is not None:
                 outs.append(self._out(req))
             else:
@@ -136,7 +129,7 @@ class Scheduler:
         outs = []
         for req in [r for r in self.compiling + self.waiting + self.running + [self.chunked] if r is not None]:
             if rid in (req.rid, req.group):
-                req.finish_reason = {"type": "abort", "message": "aborted"}
+                req.finish_reason = FinishAbort(message="aborted", status_code=499)
                 outs.append(self._finish(req))
         return outs
 
@@ -259,7 +252,7 @@ class Scheduler:
             else:
                 self.kv.cache_prefix(req)  # later requests (and the n samples) reuse the prompt
                 if req.params.max_new_tokens == 0:  # prefill only: cache the prompt, maybe logprobs
-                    req.finish_reason = {"type": "length", "length": 0}
+                    req.finish_reason = FinishLength(length=0)
                     outs.append(self._finish(req))
                     continue
                 done_rows.append(i)
@@ -347,32 +340,32 @@ class Scheduler:
                 req.finish_reason = self._grammar_step(req, tok)
             if req.finish_reason is not None:
                 outs.append(self._finish(req))
-            elif req.stream or req.stop:
+            elif req.stream or req.output.scans_text:
                 outs.append(self._out(req))
         return outs
 
-    def _finish_reason(self, req: Req, tok: int) -> dict[str, Any] | None:
+    def _finish_reason(self, req: Req, tok: int) -> FinishReason | None:
         p = req.params
         if len(req.output_ids) >= p.min_new_tokens and (
             tok in p.stop_token_ids or (tok in self.eos_ids and not p.ignore_eos)
         ):
-            return {"type": "stop", "matched": tok}
+            return FinishStop(matched=tok)
         if len(req.output_ids) >= p.max_new_tokens:
-            return {"type": "length", "length": len(req.output_ids)}
+            return FinishLength(length=len(req.output_ids))
         return None
 
-    def _grammar_step(self, req: Req, tok: int) -> dict[str, Any] | None:
+    def _grammar_step(self, req: Req, tok: int) -> FinishReason | None:
         """Advance the request's grammar (maybe jumping forward); a finish reason if it ends."""
         assert self.grammar is not None
         before = len(req.output_ids)
         error = self.grammar.advance(req, tok)
         if error is not None:
-            return {"type": "abort", "message": error}
+            return FinishAbort(message=error, status_code=500)
         self.counters["forced_tokens"] += len(req.output_ids) - before
         if req.matcher.is_terminated():
-            return {"type": "stop", "matched": None}
+            return FinishStop()
         if len(req.output_ids) >= req.params.max_new_tokens:
-            return {"type": "length", "length": len(req.output_ids)}
+            return FinishLength(length=len(req.output_ids))
         return None
 
     def _finish(self, req: Req) -> ReqOut:
@@ -395,7 +388,7 @@ class Scheduler:
                       prompt_tokens=len(req.origin_ids), completion_tokens=len(req.output_ids),
                       cached_tokens=req.cached_tokens, logprobs=logprobs, top_logprobs=top,
                       input_logprobs=req.input_logprobs if first else [],
-                      input_top_logprobs=req.input_top_logprobs if first else [], stop=req.stop)
+                      input_top_logprobs=req.input_top_logprobs if first else [], output=req.output)
 
     # ---------------------------------------------------------- KV pressure
 

@@ -11,10 +11,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from arbor.runtime.server.app import ServerState, read_body, sse
+from arbor.runtime.messages import FinishAbort, FinishLength, FinishStop
+from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
+from arbor.runtime.request import GenerateInput
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
-from arbor.runtime.tokenizer_manager import GenerateInput, Prepared
+from arbor.runtime.server.state import ServerState, read_body, sse
+from arbor.runtime.tokenizer_manager import Prepared
 
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
@@ -34,15 +37,18 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await read_body(request, CompletionRequest, limit)
-        _check_model(state, body.model)
+        body.refuse_unsupported()
+        state.check_model(body.model)
         if body.echo:
             raise ApiError(400, "echo is not supported; send the prompt's text back yourself", param="echo")
         k = body.logprobs
         if k is not None and not 0 <= k <= MAX_COMPLETION_LOGPROBS:
             raise ApiError(400, f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}", param="logprobs")
         prompts = _completion_prompts(body.prompt)
-        params = _sampling(body, body.max_tokens, "max_tokens")
-        inputs = [_input(p, params, body.stream, k, state.salt(body.cache_salt)) for p in prompts]
+        params = _sampling(body, body.max_tokens, "max_tokens") | _constraint(regex=body.regex,
+                                                                              json_schema=body.json_schema)
+        salt = state.salt(body.cache_salt, body.extra_key)
+        inputs = [_input(p, params, body.stream, k, salt, body.rid if len(prompts) == 1 else None) for p in prompts]
         prepared = state.prepare(inputs)
         meta = _Meta("cmpl", state.model_name)
         if body.stream:
@@ -50,21 +56,26 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
             state.check_capacity(len(prepared))
             return sse(_stream_completions(state, prepared, meta, body.n, k, usage))
         results = await state.collect(request, prepared)
-        choices = [_completion_choice(i * body.n + o.get("index", 0), o, k) for i, outs in enumerate(results)
+        choices = [_completion_choice(i * body.n + (o.index or 0), o, k) for i, outs in enumerate(results)
                    for o in outs]
         return JSONResponse({**meta.head("text_completion"), "choices": choices, "usage": _usage(results)})
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         body = await read_body(request, ChatCompletionRequest, limit)
-        _check_model(state, body.model)
+        body.refuse_unsupported()
+        state.check_model(body.model)
+        if body.tool_choice not in ("auto", "none"):
+            raise ApiError(400, "tool_choice needs tools, which Arbor does not support yet; omit tool_choice or "
+                                "send \"auto\" or \"none\"", param="tool_choice")
         top = body.top_logprobs
         if top is not None and (not body.logprobs or not 0 <= top <= MAX_CHAT_TOP_LOGPROBS):
             raise ApiError(400, f"top_logprobs needs logprobs=true and must be in [0, {MAX_CHAT_TOP_LOGPROBS}]",
                            param="top_logprobs")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        params = _sampling(body, max_tokens, param) | _response_format(body.response_format)
+        params = (_sampling(body, max_tokens, param) | _response_format(body.response_format)
+                  | _constraint(regex=body.regex))
         if not body.messages:
             raise ApiError(400, "messages is empty; give at least one message", param="messages")
         try:
@@ -72,7 +83,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
         k = (top or 0) if body.logprobs else None
-        one = _input(ids, params, body.stream, k, state.salt(body.cache_salt))
+        one = _input(ids, params, body.stream, k, state.salt(body.cache_salt, body.extra_key), body.rid)
         prepared = state.prepare([one])
         meta = _Meta("chatcmpl", state.model_name)
         if body.stream:
@@ -82,7 +93,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         results = await state.collect(request, prepared)
         for out in results[0]:
             _remember(state, out)
-        choices = [_chat_choice(o.get("index", 0), o, k) for o in results[0]]
+        choices = [_chat_choice(o.index or 0, o, k) for o in results[0]]
         return JSONResponse({**meta.head("chat.completion"), "choices": choices, "usage": _usage(results)})
 
 
@@ -114,12 +125,6 @@ def _response_format(fmt: ResponseFormat | None) -> dict[str, Any]:
     return {"json_schema": spec["schema"]}
 
 
-def _check_model(state: ServerState, model: str) -> None:
-    if model not in (state.model_name, state.model_path):
-        raise ApiError(404, f"the model {model!r} does not exist; this server serves {state.model_name!r}",
-                       "invalid_request_error", "model")
-
-
 def _completion_prompts(prompt: str | list[Any]) -> list[Any]:
     if isinstance(prompt, str):
         return [prompt]
@@ -134,27 +139,30 @@ def _completion_prompts(prompt: str | list[Any]) -> list[Any]:
 
 
 def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, name: str) -> dict[str, Any]:
+    """Native sampling params of an OpenAI body. No max_tokens: run until the context is full
+    (max_new_tokens None, which the front door settles). Null sampling fields take defaults."""
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"{name} must be >= 1, got {max_tokens}", param=name)
-    params: dict[str, Any] = {
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "min_p": body.min_p,
-        "seed": body.seed, "min_new_tokens": body.min_tokens, "frequency_penalty": body.frequency_penalty,
-        "presence_penalty": body.presence_penalty, "repetition_penalty": body.repetition_penalty,
-        "ignore_eos": body.ignore_eos, "stop_token_ids": body.stop_token_ids, "stop": body.stop or None,
-        "n": body.n,
+    return {
+        "max_new_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+        "min_p": body.min_p, "seed": body.seed, "min_new_tokens": body.min_tokens,
+        "frequency_penalty": body.frequency_penalty, "presence_penalty": body.presence_penalty,
+        "repetition_penalty": body.repetition_penalty, "ignore_eos": body.ignore_eos,
+        "stop_token_ids": body.stop_token_ids, "stop": body.stop or None, "stop_regex": body.stop_regex or None,
+        "no_stop_trim": body.no_stop_trim, "skip_special_tokens": body.skip_special_tokens, "n": body.n,
     }
-    if max_tokens is not None:
-        params["max_new_tokens"] = max_tokens
-    else:
-        params["max_new_tokens"] = 1 << 30  # "as long as the context allows": clamped below
-    return params
 
 
-def _input(prompt: Any, params: dict[str, Any], stream: bool, k: int | None, salt: str | None) -> GenerateInput:
+def _constraint(**kinds: str | None) -> dict[str, Any]:
+    return {kind: value for kind, value in kinds.items() if value is not None}
+
+
+def _input(prompt: Any, params: dict[str, Any], stream: bool, k: int | None, salt: str | None,
+           rid: str | None) -> GenerateInput:
     text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
     return GenerateInput(text=text, input_ids=ids, sampling_params=dict(params), stream=stream,
                          return_logprob=k is not None, top_logprobs_num=k or 0,
-                         return_text_in_logprobs=k is not None, cache_salt=salt)
+                         return_text_in_logprobs=k is not None, cache_salt=salt, rid=rid)
 
 
 def _message(m: Any) -> dict[str, Any]:
@@ -166,75 +174,85 @@ def _message(m: Any) -> dict[str, Any]:
     return {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
 
 
-def _remember(state: ServerState, out: dict[str, Any]) -> None:
+def _remember(state: ServerState, out: GenerateOutput) -> None:
     """Keep the ids behind an assistant answer, so the next turn's prompt reuses its KV."""
-    reason = out["meta_info"]["finish_reason"]
-    ids = out["output_ids"]
-    if reason["type"] == "stop" and isinstance(reason.get("matched"), int) and ids and ids[-1] == reason["matched"]:
+    reason = out.meta_info.finish_reason
+    ids = out.output_ids
+    if isinstance(reason, FinishStop) and isinstance(reason.matched, int) and ids and ids[-1] == reason.matched:
         ids = ids[:-1]  # the template writes the end-of-turn token itself
-    elif reason["type"] != "length":
+    elif not isinstance(reason, FinishLength):
         return  # cut by a stop string: text and ids no longer line up
-    state.chat.remember(out["text"], ids)
+    state.chat.remember(out.text, ids)
 
 
 # ----------------------------------------------------------------- responses
 
 
-def _finish_reason(meta: dict[str, Any]) -> str | None:
-    reason = meta["finish_reason"]
+def _finish_reason(meta: MetaInfo) -> str | None:
+    reason = meta.finish_reason
     if reason is None:
         return None
-    if reason["type"] == "abort":
-        raise ApiError(400, reason.get("message", "the request was aborted"))
-    return "length" if reason["type"] == "length" else "stop"
+    if isinstance(reason, FinishAbort):
+        raise ApiError(reason.status_code, reason.message, "server_error" if reason.status_code >= 500 else "invalid_request_error")
+    return "length" if isinstance(reason, FinishLength) else "stop"
 
 
-def _usage(results: list[list[dict[str, Any]]]) -> dict[str, Any]:
-    prompt = sum(outs[0]["meta_info"]["prompt_tokens"] for outs in results)
-    completion = sum(o["meta_info"]["completion_tokens"] for outs in results for o in outs)
-    cached = sum(outs[0]["meta_info"]["cached_tokens"] for outs in results)
+def _usage(results: list[list[GenerateOutput]]) -> dict[str, Any]:
+    prompt = sum(outs[0].meta_info.prompt_tokens for outs in results)
+    completion = sum(o.meta_info.completion_tokens for outs in results for o in outs)
+    cached = sum(outs[0].meta_info.cached_tokens for outs in results)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _completion_logprobs(meta: dict[str, Any], k: int | None, start: int = 0) -> dict[str, Any] | None:
+def _entries(meta: MetaInfo) -> list[tuple[LogprobEntry, list[LogprobEntry]]]:
+    """Each output token's entry with its top alternatives (in a stream: this event's tokens)."""
+    entries = meta.output_token_logprobs or []
+    tops = meta.output_top_logprobs or [[] for _ in entries]
+    return list(zip(entries, tops))
+
+
+def _completion_logprobs(meta: MetaInfo, k: int | None) -> dict[str, Any] | None:
     if k is None:
         return None
-    entries = meta["output_token_logprobs"][start:]
-    tops = meta.get("output_top_logprobs", [[] for _ in meta["output_token_logprobs"]])[start:]
+    pairs = _entries(meta)
     offsets, pos = [], 0
-    for e in entries:
+    for e, _ in pairs:
         offsets.append(pos)
-        pos += len(e[2])
-    return {"tokens": [e[2] for e in entries], "token_logprobs": [e[0] for e in entries],
-            "top_logprobs": [{t[2]: t[0] for t in row} for row in tops] if k else None, "text_offset": offsets}
+        pos += len(e.text or "")
+    return {"tokens": [e.text for e, _ in pairs], "token_logprobs": [e.logprob for e, _ in pairs],
+            "top_logprobs": [{t.text: t.logprob for t in row} for _, row in pairs] if k else None,
+            "text_offset": offsets}
 
 
-def _chat_logprobs(meta: dict[str, Any], k: int | None, start: int = 0) -> dict[str, Any] | None:
+def _chat_logprobs(meta: MetaInfo, k: int | None) -> dict[str, Any] | None:
     if k is None:
         return None
-    entries = meta["output_token_logprobs"][start:]
-    tops = meta.get("output_top_logprobs", [[] for _ in meta["output_token_logprobs"]])[start:]
 
-    def item(e: list[Any]) -> dict[str, Any]:
-        return {"token": e[2], "logprob": e[0], "bytes": list(e[2].encode())}
+    def item(e: LogprobEntry) -> dict[str, Any]:
+        text = e.text or ""
+        return {"token": text, "logprob": e.logprob, "bytes": list(text.encode())}
 
-    return {"content": [{**item(e), "top_logprobs": [item(t) for t in row]} for e, row in zip(entries, tops)]}
+    return {"content": [{**item(e), "top_logprobs": [item(t) for t in row]} for e, row in _entries(meta)]}
 
 
-def _completion_choice(index: int, out: dict[str, Any], k: int | None) -> dict[str, Any]:
-    meta = out["meta_info"]
-    return {"index": index, "text": out["text"], "logprobs": _completion_logprobs(meta, k),
+def _has_logprobs(out: GenerateOutput, k: int | None) -> bool:
+    return k is not None and bool(out.meta_info.output_token_logprobs)
+
+
+def _completion_choice(index: int, out: GenerateOutput, k: int | None) -> dict[str, Any]:
+    meta = out.meta_info
+    return {"index": index, "text": out.text, "logprobs": _completion_logprobs(meta, k),
             "finish_reason": _finish_reason(meta)}
 
 
-def _chat_choice(index: int, out: dict[str, Any], k: int | None) -> dict[str, Any]:
-    meta = out["meta_info"]
-    return {"index": index, "message": {"role": "assistant", "content": out["text"]},
+def _chat_choice(index: int, out: GenerateOutput, k: int | None) -> dict[str, Any]:
+    meta = out.meta_info
+    return {"index": index, "message": {"role": "assistant", "content": out.text},
             "logprobs": _chat_logprobs(meta, k), "finish_reason": _finish_reason(meta)}
 
 
-async def _merged(state: ServerState, prepared: list[Prepared]) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+async def _merged(state: ServerState, prepared: list[Prepared]) -> AsyncIterator[tuple[int, GenerateOutput]]:
     """Outputs of several requests as they come, tagged with the request's position."""
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
     end = object()
@@ -266,31 +284,30 @@ async def _merged(state: ServerState, prepared: list[Prepared]) -> AsyncIterator
 
 
 class _Deltas:
-    """Per choice: how much text and how many tokens were already sent."""
+    """Per choice: how much text was already sent."""
 
     def __init__(self) -> None:
         self.text: dict[int, int] = {}
-        self.tokens: dict[int, int] = {}
 
-    def step(self, index: int, out: dict[str, Any]) -> tuple[str, int]:
-        sent, start = self.text.get(index, 0), self.tokens.get(index, 0)
-        self.text[index], self.tokens[index] = len(out["text"]), len(out["output_ids"])
-        return out["text"][sent:], start
+    def step(self, index: int, out: GenerateOutput) -> str:
+        sent = self.text.get(index, 0)
+        self.text[index] = len(out.text)
+        return out.text[sent:]
 
 
 async def _stream_completions(
     state: ServerState, prepared: list[Prepared], meta: _Meta, n: int, k: int | None, include_usage: bool,
 ) -> AsyncIterator[dict[str, Any]]:
     deltas = _Deltas()
-    finals: dict[int, dict[str, Any]] = {}
+    finals: dict[int, GenerateOutput] = {}
     async for i, out in _merged(state, prepared):
-        index = i * n + out.get("index", 0)
-        text, start = deltas.step(index, out)
-        reason = _finish_reason(out["meta_info"])
+        index = i * n + (out.index or 0)
+        text = deltas.step(index, out)
+        reason = _finish_reason(out.meta_info)
         if reason is not None:
             finals[index] = out
-        if text or reason is not None:
-            choice = {"index": index, "text": text, "logprobs": _completion_logprobs(out["meta_info"], k, start),
+        if text or reason is not None or _has_logprobs(out, k):
+            choice = {"index": index, "text": text, "logprobs": _completion_logprobs(out.meta_info, k),
                       "finish_reason": reason}
             yield {**meta.head("text_completion"), "choices": [choice]}
     if include_usage:
@@ -302,19 +319,19 @@ async def _stream_chat(
     state: ServerState, prepared: Prepared, meta: _Meta, k: int | None, include_usage: bool,
 ) -> AsyncIterator[dict[str, Any]]:
     deltas = _Deltas()
-    finals: dict[int, dict[str, Any]] = {}
+    finals: dict[int, GenerateOutput] = {}
     head = meta.head("chat.completion.chunk")
     n = prepared.msg.n
     for index in range(n):
         yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}]}
     async for _, out in _merged(state, [prepared]):
-        index = out.get("index", 0)
-        text, start = deltas.step(index, out)
-        reason = _finish_reason(out["meta_info"])
-        if text:
+        index = out.index or 0
+        text = deltas.step(index, out)
+        reason = _finish_reason(out.meta_info)
+        if text or _has_logprobs(out, k):  # tokens without text yet still carry their logprobs
             yield {**head, "choices": [{"index": index, "delta": {"content": text},
-                                        "logprobs": _chat_logprobs(out["meta_info"], k, start), "finish_reason": None}]}
+                                        "logprobs": _chat_logprobs(out.meta_info, k), "finish_reason": None}]}
         if reason is not None:
             finals[index] = out
             _remember(state, out)

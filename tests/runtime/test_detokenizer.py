@@ -1,5 +1,6 @@
 """Incremental detokenization: multi-byte characters are never split or replaced, stop strings
-never leak, for GPT-2's byte-level BPE and Llama-2's SentencePiece (byte fallback)."""
+and regexes never leak (unless no_stop_trim), for GPT-2's byte-level BPE and Llama-2's
+SentencePiece (byte fallback)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import pytest
 from transformers import AutoTokenizer, LlamaTokenizer
 
 from arbor.runtime.detokenizer import IncrementalDetokenizer
-from arbor.runtime.messages import ReqOut, pack_ids
+from arbor.runtime.messages import (
+    FinishLength,
+    FinishReason,
+    FinishStop,
+    OutputOptions,
+    ReqOut,
+    pack_ids,
+)
 
 LLAMA2 = Path(__file__).resolve().parents[3] / "shared" / "data" / "tokenizers" / "llama2"
 TEXT = "Prefix trees 🌳 share KV: héllo wörld, 世界と日本語, ∑ x² ≥ 0 — 🚀🚀 done."
@@ -24,12 +32,14 @@ def tokenizer(request, tiny_model):
     return LlamaTokenizer.from_pretrained(LLAMA2)
 
 
-def stream(detok: IncrementalDetokenizer, ids: list[int], stop: list[str]) -> tuple[list[str], dict | None]:
+def stream(detok: IncrementalDetokenizer, ids: list[int], stop: list[str], last_reason: FinishReason | None = None,
+           **options) -> tuple[list[str], FinishReason | None]:
     deltas, reason = [], None
+    output = OutputOptions(stop=stop, **options)
     for i, tok in enumerate(ids):
         last = i == len(ids) - 1
-        outs, _ = detok.feed([ReqOut(rid="r", new_ids=pack_ids([tok]), stop=stop,
-                                     finish_reason={"type": "length", "length": i + 1} if last else None)])
+        end = (last_reason or FinishLength(length=i + 1)) if last else None
+        outs, _ = detok.feed([ReqOut(rid="r", new_ids=pack_ids([tok]), output=output, finish_reason=end)])
         for out in outs:
             deltas.append(out.text)
             reason = out.finish_reason or reason
@@ -44,12 +54,34 @@ def test_one_token_at_a_time_never_splits_a_character(tokenizer):
     deltas, reason = stream(IncrementalDetokenizer(tokenizer), ids, [])
     assert all("\ufffd" not in d for d in deltas)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=True)
-    assert reason == {"type": "length", "length": len(ids)}
+    assert reason == FinishLength(length=len(ids))
 
 
 def test_stop_string_across_tokens_is_cut_and_never_streamed(tokenizer):
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     deltas, reason = stream(IncrementalDetokenizer(tokenizer), ids, ["世界"])
     text = "".join(deltas)
-    assert reason == {"type": "stop", "matched": "世界"}
+    assert reason == FinishStop(matched="世界")
     assert "世" not in text and text == tokenizer.decode(ids, skip_special_tokens=True).split("世界")[0]
+
+
+def test_stop_regex_ends_at_its_first_match_and_no_stop_trim_keeps_it(tokenizer):
+    ids = tokenizer.encode(TEXT, add_special_tokens=False)
+    full = tokenizer.decode(ids, skip_special_tokens=True)
+    deltas, reason = stream(IncrementalDetokenizer(tokenizer), ids, [], stop_regex=[r"w.rld"], stop_regex_max_len=5)
+    assert reason == FinishStop(matched="wörld") and "".join(deltas) == full.split("wörld")[0]
+    deltas, reason = stream(IncrementalDetokenizer(tokenizer), ids, ["世界"], no_stop_trim=True)
+    assert reason == FinishStop(matched="世界") and "".join(deltas) == full.split("世界")[0] + "世界"
+
+
+def test_special_tokens_are_kept_only_when_asked_and_a_stop_token_is_trimmed(tiny_model):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model("llama"))
+    eos = tokenizer.eos_token_id
+    ids = [*tokenizer.encode("a"), eos, *tokenizer.encode(" b"), eos]
+    kept, _ = stream(IncrementalDetokenizer(tokenizer), ids, [], FinishStop(matched=eos), skip_special_tokens=False)
+    assert "".join(kept) == "a<|endoftext|> b"  # the final stop token is trimmed, the inner one kept
+    skipped, _ = stream(IncrementalDetokenizer(tokenizer), ids, [], FinishStop(matched=eos))
+    assert "".join(skipped) == "a b"
+    untrimmed, _ = stream(IncrementalDetokenizer(tokenizer), ids, [], FinishStop(matched=eos),
+                          skip_special_tokens=False, no_stop_trim=True)
+    assert "".join(untrimmed) == "a<|endoftext|> b<|endoftext|>"

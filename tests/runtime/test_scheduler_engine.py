@@ -165,14 +165,14 @@ def test_abort_frees_kv_at_once(engine):
     time.sleep(1.0)
     engine.abort("to-abort")
     worker.join(30)
-    assert results[0]["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted"}
+    assert results[0]["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted", "status_code": 499}
     assert len(results[0]["output_ids"]) < 1500
     assert_idle_and_consistent(engine)
 
 
 def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(engine):
     cases = [
-        ({"input_ids": []}, "non-empty"),
+        ({"input_ids": []}, "the prompt is empty"),
         ({"input_ids": [1, 2, 99999999]}, "outside the vocabulary"),
         ({"input_ids": [1] * 5000}, "context length is 2048"),
         ({"input_ids": [1], "sampling_params": {"n": 0}}, "n must be"),

@@ -1,0 +1,183 @@
+"""What every route shares: ServerState (the front door, tokenizer, metrics, limits),
+body reading with a size limit, and server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.outputs import GenerateOutput
+from arbor.runtime.processes import ChildProcesses
+from arbor.runtime.request import GenerateInput
+from arbor.runtime.server.chat import ChatTokenizer
+from arbor.runtime.server.errors import ApiError, decode
+from arbor.runtime.server.metrics import Metrics
+from arbor.runtime.tokenizer_manager import EngineDead, Prepared, TokenizerManager
+
+DISCONNECT_POLL_S = 0.25
+START_TIMEOUT_S = 600.0
+
+
+class ServerState:
+    """Everything the routes share: the front door, the tokenizer, metrics, limits."""
+
+    def __init__(self, args: ServerArgs) -> None:
+        from transformers import AutoTokenizer
+
+        from arbor.runtime.model.model_config import ModelConfig
+        from arbor.runtime.tiny_model import builtin_model_path
+
+        self.args = args
+        self.model_path = args.model_path or str(builtin_model_path())
+        ModelConfig.from_dir(self.model_path)  # a bad checkpoint fails before any process starts
+        self.tokenizer_path = args.tokenizer_path or self.model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        self.model_name = args.served_model_name or Path(self.model_path).name
+        self.chat = ChatTokenizer(self.tokenizer)
+        self.metrics = Metrics(self.model_name)
+        self.children = ChildProcesses(args, self.model_path, self.tokenizer_path)
+        self.manager: TokenizerManager | None = None
+        self.inflight = 0
+        # Each API key gets its own cache namespace; the request's cache_salt refines it.
+        self.key_salt = hashlib.sha256(args.api_key.encode()).hexdigest()[:16] if args.api_key else None
+
+    async def start(self) -> None:
+        self.manager = TokenizerManager(self.args, self.tokenizer, self.children)
+        self.children.start()
+        try:
+            await self.manager.start(START_TIMEOUT_S)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        if self.manager is not None:
+            with contextlib.suppress(Exception):
+                await self.manager.shutdown()
+        await asyncio.get_running_loop().run_in_executor(None, self.children.stop)
+
+    def front(self) -> TokenizerManager:
+        if self.manager is None or self.manager.dead is not None:
+            reason = self.manager.dead if self.manager is not None else "the server is starting"
+            raise ApiError(503, f"the runtime is not available: {reason}", "server_error")
+        return self.manager
+
+    def salt(self, cache_salt: str | None, extra_key: str | None = None) -> str | None:
+        """The cache namespace: the API key's, refined by cache_salt and SGLang's extra_key."""
+        for name, value in (("cache_salt", cache_salt), ("extra_key", extra_key)):
+            if value is not None and (not isinstance(value, str) or len(value) > 256):
+                raise ApiError(400, f"{name} must be a string of at most 256 characters", param=name)
+        parts = [p for p in (self.key_salt, cache_salt, extra_key) if p]
+        return ":".join(parts) or None
+
+    def check_model(self, model: str | None) -> None:
+        """A request may name the model; it must be the one this server serves."""
+        if model is not None and model not in (self.model_name, self.model_path, "default"):
+            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                           "invalid_request_error", "model")
+
+    def server_info(self) -> dict[str, Any]:
+        """What SGLang's /get_server_info reports that routers read (model, sizes, mode)."""
+        info = self.front().info
+        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path,
+                "served_model_name": self.model_name, "is_generation": True, "tp_size": 1, "dp_size": 1,
+                "disaggregation_mode": "null", "max_running_requests": self.args.max_running_requests,
+                "max_total_num_tokens": info["max_total_tokens"], "context_length": info["context_length"],
+                "version": version("arbor")}
+
+    def prepare(self, inputs: list[GenerateInput]) -> list[Prepared]:
+        """Validate every prompt before any runs; a bad one is a 400 naming the problem."""
+        front = self.front()
+        if len(inputs) > self.args.max_batch_prompts:
+            raise ApiError(400, f"a batch may hold at most {self.args.max_batch_prompts} prompts, got {len(inputs)}")
+        try:
+            return [front.prepare(one) for one in inputs]
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+
+    def check_capacity(self, count: int) -> None:
+        """429 when `count` more requests would pass max_concurrent_requests (checked before a
+        stream starts, so the refusal is a status code rather than an error event)."""
+        limit = self.args.max_concurrent_requests
+        if self.inflight + count > limit:
+            raise ApiError(429, f"the server is at its limit of {limit} concurrent requests; retry shortly",
+                           "rate_limit_error")
+
+    @contextlib.contextmanager
+    def admit(self, count: int):
+        """Count requests in flight; refuse with 429 beyond max_concurrent_requests."""
+        self.check_capacity(count)
+        self.inflight += count
+        try:
+            yield
+        finally:
+            self.inflight -= count
+
+    def outputs(self, prepared: Prepared) -> AsyncIterator[GenerateOutput]:
+        return self.metrics.timed(self.front().run(prepared), prepared.msg.stream)
+
+    async def collect(self, request: Request, prepared: list[Prepared]) -> list[list[GenerateOutput]]:
+        """Run requests to completion; if the client goes away first, abort them all at once."""
+        async def one(p: Prepared) -> list[GenerateOutput]:
+            outs = [out async for out in self.outputs(p)]
+            return sorted(outs, key=lambda o: o.index or 0)
+
+        with self.admit(len(prepared)):
+            task = asyncio.ensure_future(asyncio.gather(*(one(p) for p in prepared)))
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    return _result(task)
+                if await request.is_disconnected():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                    raise ApiError(499, "the client disconnected")
+
+
+def _result(task: asyncio.Future[Any]) -> Any:
+    try:
+        return task.result()
+    except EngineDead as e:
+        raise ApiError(503, str(e), "server_error") from None
+
+
+async def read_body(request: Request, kind: type, limit: int) -> Any:
+    """The request body decoded into `kind`, refusing bodies over `limit` bytes with 413."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the body has {declared} bytes; the limit is {limit} (--max-body-bytes)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the body is over the limit of {limit} bytes (--max-body-bytes)")
+        chunks.append(chunk)
+    return decode(b"".join(chunks), kind)
+
+
+def sse(events: AsyncIterator[dict[str, Any]], done: bool = True) -> StreamingResponse:
+    """Server-sent events: each item one `data:` line of JSON; `data: [DONE]` at the end.
+    An error after the stream started is sent as a final event with an `error` object."""
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for event in events:
+                yield b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+        except ApiError as e:
+            yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
+        except EngineDead as e:
+            yield b"data: " + json.dumps(ApiError(503, str(e), "server_error").body()).encode() + b"\n\n"
+        if done:
+            yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
