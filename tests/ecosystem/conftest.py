@@ -1,0 +1,86 @@
+"""Arbor next to the ecosystem's own clients: live `arbor serve` workers, and the unmodified
+`sglang-router` (a Rust binary from the package registry) in front of them."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from tests.server.conftest import Server, _free_port, start_server, stop_server
+
+KEY = "ecosystem-key"
+
+
+@dataclass
+class Router:
+    """A running sglang-router and the Arbor workers behind it."""
+
+    proc: subprocess.Popen
+    url: str
+    workers: list[Server]
+
+    @property
+    def front(self) -> Server:
+        """The router, spoken to with the same helpers as a worker (the workers have no key)."""
+        host, port = self.url.removeprefix("http://").split(":")
+        return Server(host, int(port), self.workers[0].model, self.proc)
+
+
+@pytest.fixture(scope="session")
+def sglang_server(tiny_model) -> Iterator[Server]:
+    server = start_server(str(tiny_model("llama")), "--api-key", KEY)
+    yield server
+    stop_server(server)
+
+
+def start_router(workers: list[Server], timeout_s: float = 120.0) -> Router:
+    """sglang-router with the cache_aware policy on 127.0.0.1; ready once it lists the model."""
+    port = _free_port()
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+           "--policy", "cache_aware", "--log-level", "warn", "--prometheus-host", "127.0.0.1",
+           "--prometheus-port", str(_free_port()), "--worker-urls", *[w.base_url for w in workers]]
+    proc = subprocess.Popen(cmd)
+    router = Router(proc, f"http://127.0.0.1:{port}", workers)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sglang-router exited with {proc.returncode}")
+        try:
+            status, body = router.front.request("GET", "/v1/models", key=None)
+            if status == 200 and [m["id"] for m in body["data"]] == [workers[0].model]:
+                return router
+        except OSError:
+            pass
+        time.sleep(0.5)
+    stop_router(router)
+    raise RuntimeError(f"sglang-router did not list the workers' model in {timeout_s:.0f} s")
+
+
+def stop_router(router: Router) -> None:
+    router.proc.send_signal(signal.SIGTERM)
+    try:
+        router.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        router.proc.kill()
+        router.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def router(tiny_model) -> Iterator[Router]:
+    workers = [start_server(str(tiny_model("llama"))) for _ in range(2)]
+    try:
+        r = start_router(workers)
+    except BaseException:
+        for w in workers:
+            stop_server(w)
+        raise
+    yield r
+    stop_router(r)
+    for w in workers:
+        stop_server(w)
