@@ -120,3 +120,11 @@ def test_hugging_face_kernels_imports_from_any_directory(cwd, tmp_path):
     )
     where = _run(code, ROOT if cwd == "root" else tmp_path)
     assert "site-packages" in where and not where.startswith(str(ROOT / "kernels"))
+
+
+def test_the_distribution_installs_only_the_arbor_name():
+    from importlib.metadata import distribution
+
+    dist = distribution("arbor")
+    assert dist.read_text("top_level.txt").split() == ["arbor"]
+    assert not [f for f in dist.files or [] if f.parts[0] in SUBPACKAGES]

@@ -199,3 +199,36 @@ def _idle_stats(server, timeout_s: float = 30.0) -> dict:
         if (stats["running"] == 0 and stats["waiting"] == 0) or time.monotonic() > deadline:
             return stats
         time.sleep(0.2)
+
+
+def test_every_sglang_field_at_its_default_is_accepted(server):
+    import msgspec
+
+    from arbor.runtime.server.protocol import GenerateRequest
+
+    body = {f.name: f.default for f in msgspec.structs.fields(GenerateRequest)
+            if f.default is not msgspec.NODEFAULT and f.name not in ("model", "input_ids")}
+    body.update(text="Hello", sampling_params={"max_new_tokens": 2, "skip_special_tokens": True,
+                                                "spaces_between_special_tokens": True, "no_stop_trim": False,
+                                                "stream_interval": None, "logit_bias": None, "ebnf": None})
+    status, out = server.request("POST", "/generate", body)
+    assert status == 200, out
+    assert out["meta_info"]["completion_tokens"] == 2
+
+
+def test_stream_interval_batches_stream_events(server):
+    body = {"text": "Hi", "stream": True, "sampling_params": {"max_new_tokens": 9, "stream_interval": 4,
+                                                              "ignore_eos": True}}
+    events = [json.loads(e) for e in server.sse("/generate", body)[:-1]]
+    assert [e["meta_info"]["completion_tokens"] for e in events] == [4, 8, 9]
+
+
+def test_sampling_seed_is_seed_and_extra_key_separates_caches(server):
+    def gen(params: dict, **extra) -> dict:
+        return server.request("POST", "/generate", {"text": "Seeded prompt for the cache", **extra,
+                                                    "sampling_params": {"max_new_tokens": 6, **params}})[1]
+
+    assert gen({"sampling_seed": 7})["output_ids"] == gen({"seed": 7})["output_ids"]
+    assert gen({}, extra_key="tenant-a")["meta_info"]["cached_tokens"] == 0
+    assert gen({}, extra_key="tenant-a")["meta_info"]["cached_tokens"] > 0
+    assert gen({}, extra_key="tenant-b")["meta_info"]["cached_tokens"] == 0
