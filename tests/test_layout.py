@@ -123,8 +123,10 @@ def test_hugging_face_kernels_imports_from_any_directory(cwd, tmp_path):
 
 
 def test_the_distribution_installs_only_the_arbor_name():
-    from importlib.metadata import distribution
+    import sysconfig
+    from importlib.metadata import distributions
 
-    dist = distribution("arbor")
+    # The installed record, not a stray arbor.egg-info that a build may leave in the checkout.
+    [dist] = [d for d in distributions(path=[sysconfig.get_paths()["purelib"]]) if d.metadata["Name"] == "arbor"]
     assert dist.read_text("top_level.txt").split() == ["arbor"]
     assert not [f for f in dist.files or [] if f.parts[0] in SUBPACKAGES]
