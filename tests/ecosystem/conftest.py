@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.server.conftest import Server, _free_port, start_server, stop_server
+from tests.server.conftest import Server, _free_port, start_server, stop_process, stop_server
 
 KEY = "ecosystem-key"
 
@@ -63,12 +63,7 @@ def start_router(workers: list[Server], timeout_s: float = 120.0) -> Router:
 
 
 def stop_router(router: Router) -> None:
-    router.proc.send_signal(signal.SIGTERM)
-    try:
-        router.proc.wait(15)
-    except subprocess.TimeoutExpired:
-        router.proc.kill()
-        router.proc.wait()
+    stop_process(router.proc, signal.SIGTERM, 15)
 
 
 @pytest.fixture(scope="session")

@@ -84,13 +84,18 @@ def start_server(model_path: str, *extra: str) -> Server:
     raise RuntimeError("arbor serve did not become healthy in 120 s")
 
 
-def stop_server(server: Server) -> None:
-    server.proc.send_signal(signal.SIGINT)
+def stop_process(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 30) -> None:
+    """Ask a process to exit with `sig`; kill it if it has not within `timeout_s`."""
+    proc.send_signal(sig)
     try:
-        server.proc.wait(30)
+        proc.wait(timeout_s)
     except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait()
+        proc.kill()
+        proc.wait()
+
+
+def stop_server(server: Server) -> None:
+    stop_process(server.proc)
 
 
 @pytest.fixture(scope="session")
