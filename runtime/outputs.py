@@ -20,8 +20,8 @@ class LogprobEntry(NamedTuple):
 
 
 class MetaInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Counts, the finish reason and, when asked for, logprobs of one output. In a stream,
-    the output logprobs are those of the tokens new in this event."""
+    """Counts, the finish reason and, when asked for, logprobs of one output (cumulative in
+    a stream, as SGLang's default)."""
 
     id: str
     finish_reason: FinishReason | None
@@ -30,7 +30,7 @@ class MetaInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached_tokens: int
     output_token_logprobs: list[LogprobEntry] | None = None
     output_top_logprobs: list[list[LogprobEntry]] | None = None
-    output_token_logprobs_length: int | None = None  # all output logprobs so far (streams)
+    output_token_logprobs_length: int | None = None
     input_token_logprobs: list[LogprobEntry] | None = None
     input_top_logprobs: list[list[LogprobEntry] | None] | None = None
     schema_check: dict[str, Any] | None = None  # schema keywords checked after generation

@@ -67,7 +67,7 @@ class _Sample:
     input_logprobs: list[float] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     last: TextOut | None = None
-    streamed: int = 0  # output tokens whose logprobs a stream event already carried
+    streamed: int = 0  # output tokens when the last stream event was sent
 
 
 @dataclass
@@ -167,8 +167,8 @@ class TokenizerManager:
 
     async def run(self, prepared: Prepared) -> AsyncIterator[GenerateOutput]:
         """Yield outputs: with `stream`, one per text increment of each sample (cumulative
-        text, the logprobs new since the last event; every `stream_interval` tokens); else
-        one final output per sample. A sample's last output has its finish reason set.
+        text and meta_info, as SGLang's default; every `stream_interval` tokens); else one
+        final output per sample. A sample's last output has its finish reason set.
         Closing the iterator early aborts the request."""
         self._check_alive()
         msg, rids = prepared.msg, prepared.rids
@@ -341,12 +341,10 @@ class TokenizerManager:
                         completion_tokens=len(s.output_ids), cached_tokens=last.cached_tokens)
         if msg.return_logprob:
             entry = self._logprob_entry if prepared.return_text_in_logprobs else _bare_entry
-            start = s.streamed if msg.stream else 0
-            new = zip(s.logprobs[start:], s.output_ids[start:])
-            meta.output_token_logprobs = [entry(lp, t) for lp, t in new]
+            meta.output_token_logprobs = [entry(lp, t) for lp, t in zip(s.logprobs, s.output_ids)]
             meta.output_token_logprobs_length = len(s.logprobs)
             if msg.top_logprobs_num:
-                meta.output_top_logprobs = [[entry(lp, t) for lp, t in row] for row in s.top_logprobs[start:]]
+                meta.output_top_logprobs = [[entry(lp, t) for lp, t in row] for row in s.top_logprobs]
             if last.finish_reason is not None and msg.logprob_start_len < 0:
                 meta.input_token_logprobs = []  # SGLang's shape: present, empty when not asked for
             elif last.finish_reason is not None:
