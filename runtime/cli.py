@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Callable
 
 from arbor.runtime.config import ServerArgs
 
 Handler = Callable[[argparse.Namespace], int]
+STARTUP_FAILURE = 3  # uvicorn's exit code when the app does not start
 
 
 def add_commands(sub: argparse._SubParsersAction) -> dict[str, Handler]:
@@ -53,6 +55,14 @@ def _serve(args: argparse.Namespace) -> int:
     server_args = ServerArgs.from_cli_args(args)
     setup_logging(server_args)
     app = create_app(server_args)
-    uvicorn.run(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
-                timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(app, host=server_args.host, port=server_args.port,
+                                           log_level=server_args.log_level, timeout_graceful_shutdown=5))
+    state = app.state.arbor
+    state.on_engine_death = lambda: setattr(server, "should_exit", True)
+    server.run()
+    if not server.started:
+        return STARTUP_FAILURE  # the log above says why (a bad checkpoint, a port in use, ...)
+    if state.manager is not None and state.manager.dead is not None:
+        print(f"arbor: error: {state.manager.dead}", file=sys.stderr)
+        return 1
     return 0

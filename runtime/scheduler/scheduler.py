@@ -64,7 +64,7 @@ class Scheduler:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._arrivals = 0
         self.counters = {"prefill_steps": 0, "decode_steps": 0, "retractions": 0, "prompt_tokens": 0,
-                         "cached_tokens": 0, "generated_tokens": 0, "forced_tokens": 0}
+                         "cached_tokens": 0, "generated_tokens": 0, "forced_tokens": 0, "failed_batches": 0}
 
     # -------------------------------------------------------------- intake
 
@@ -151,13 +151,37 @@ class Scheduler:
 
     @torch.inference_mode()
     def step(self) -> list[ReqOut]:
-        """Run one forward pass (prefill if admitted, else decode) and return what it produced."""
+        """Run one forward pass (prefill if admitted, else decode) and return what it produced.
+        If building or running the batch raises, only that batch's requests end (with the
+        error); the scheduler goes on with every other request."""
         outs = self._grammars_ready() if self.compiling else []
         batch = self._prefill_batch()
-        if batch:
-            return outs + self._run_prefill(batch)
-        if self.running:
-            return outs + self._run_decode()
+        reqs = [r for r, _ in batch] if batch else list(self.running)
+        sent = [r.sent_ids for r in reqs]
+        try:
+            if batch:
+                return outs + self._run_prefill(batch)
+            if self.running:
+                return outs + self._run_decode()
+        except Exception as exc:
+            logger.exception("a batch of %d request(s) failed; ending them and going on", len(reqs))
+            return outs + self._fail(reqs, sent, exc)
+        return outs
+
+    def _fail(self, reqs: list[Req], sent: list[int], exc: Exception) -> list[ReqOut]:
+        """End the requests of a failed step. Their KV is released as far as it was computed
+        (kv_len advances only after a forward succeeds); outputs the step built are lost, so
+        each request's final output is built again from what was sent before it."""
+        self.counters["failed_batches"] += 1
+        outs = []
+        for req, before in zip(reqs, sent):
+            req.sent_ids = before
+            if req.finish_reason is None:
+                req.finish_reason = FinishAbort(message=f"the batch this request was in failed: "
+                                                        f"{type(exc).__name__}: {exc}", status_code=500)
+                outs.append(self._finish(req))
+            else:
+                outs.append(self._out(req))
         return outs
 
     def _prefill_batch(self) -> list[tuple[Req, int]]:

@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from arbor.runtime.server.errors import ApiError, decode
 from arbor.runtime.server.metrics import Metrics
 from arbor.runtime.tokenizer_manager import EngineDead, Prepared, TokenizerManager
 
+logger = logging.getLogger("arbor.server")
 DISCONNECT_POLL_S = 0.25
+ENGINE_WATCH_S = 0.25
 START_TIMEOUT_S = 600.0
 
 
@@ -47,6 +50,8 @@ class ServerState:
         self.metrics = Metrics(self.model_name)
         self.children = ChildProcesses(args, self.model_path, self.tokenizer_path)
         self.manager: TokenizerManager | None = None
+        self.on_engine_death: Callable[[], None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self.inflight = 0
         # Each API key gets its own cache namespace; the request's cache_salt refines it.
         self.key_salt = hashlib.sha256(args.api_key.encode()).hexdigest()[:16] if args.api_key else None
@@ -59,8 +64,21 @@ class ServerState:
         except BaseException:
             await self.stop()
             raise
+        self._watcher = asyncio.create_task(self._stop_when_engine_dies())
+
+    async def _stop_when_engine_dies(self) -> None:
+        """A dead engine takes the server down (so a supervisor restarts it), as SGLang does:
+        `on_engine_death` (set by `arbor serve`) stops uvicorn, which then exits non-zero."""
+        assert self.manager is not None
+        while self.manager.dead is None:
+            await asyncio.sleep(ENGINE_WATCH_S)
+        logger.error("%s; shutting the server down", self.manager.dead)
+        if self.on_engine_death is not None:
+            self.on_engine_death()
 
     async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
         if self.manager is not None:
             with contextlib.suppress(Exception):
                 await self.manager.shutdown()
