@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,9 @@ from typing import Any
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     """A dataclass field carrying its CLI help text (and choices) as metadata."""
     return field(default=default, metadata={"help": help, "choices": choices})
+
+
+API_KEY_ENV = "ARBOR_API_KEY"
 
 
 @dataclass
@@ -64,8 +68,10 @@ class ServerArgs:
     port: int = _opt(30000, "HTTP server port.")
     api_key: str | None = _opt(
         None, "If set, every route but /health needs `Authorization: Bearer KEY`; the key also "
-        "salts the radix cache, so different keys never share cached prefixes."
+        "salts the radix cache, so different keys never share cached prefixes. A flag is visible "
+        "to every local user in the process list: prefer --api-key-file or ARBOR_API_KEY."
     )
+    api_key_file: str | None = _opt(None, "File whose first line is the API key (instead of --api-key).")
     served_model_name: str | None = _opt(None, "Model name in the OpenAI API; empty = the checkpoint directory's name.")
     max_body_bytes: int = _opt(4 << 20, "Largest HTTP request body accepted (413 above it).")
     max_n: int = _opt(16, "Largest n (samples per prompt) a request may ask for.")
@@ -88,6 +94,12 @@ class ServerArgs:
     log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
 
     def __post_init__(self) -> None:
+        if self.api_key is None and self.api_key_file is not None:
+            with open(self.api_key_file, encoding="utf-8") as f:
+                self.api_key = f.readline().strip() or None
+            if self.api_key is None:
+                raise ValueError(f"the API key file {self.api_key_file} is empty")
+        self.api_key = self.api_key or os.environ.get(API_KEY_ENV) or None
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:

@@ -1,12 +1,14 @@
 """Start, watch and stop the scheduler and detokenizer processes.
 
-Children are fresh interpreters (`python -m arbor.runtime.processes ROLE SPEC`), not forks or
+Children are fresh interpreters (`python -m arbor.runtime.processes ROLE`, their JSON spec on
+stdin), not forks or
 multiprocessing spawns: they never re-import the caller's main module (so scripts need no
 `if __name__ == "__main__"` guard) and receive only JSON: ServerArgs, paths, endpoints.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -39,14 +41,20 @@ class ChildProcesses:
     def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str) -> None:
         self.ipc = IpcDir()
         self.endpoints = {name: self.ipc.endpoint(name) for name in ENDPOINTS}
-        self.spec = ChildSpec(args=args, model_path=model_path, tokenizer_path=tokenizer_path,
-                              endpoints=self.endpoints)
+        # The children never see the API key, and get their spec on stdin, not in argv
+        # (which every local user can read in the process list).
+        self.spec = ChildSpec(args=dataclasses.replace(args, api_key=None, api_key_file=None),
+                              model_path=model_path, tokenizer_path=tokenizer_path, endpoints=self.endpoints)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> None:
-        spec = msgspec.json.encode(self.spec).decode()
+        spec = msgspec.json.encode(self.spec)
         for role in ("scheduler", "detokenizer"):
-            self.procs[role] = subprocess.Popen([sys.executable, "-m", "arbor.runtime.processes", role, spec])
+            proc = subprocess.Popen([sys.executable, "-m", "arbor.runtime.processes", role], stdin=subprocess.PIPE)
+            assert proc.stdin is not None
+            proc.stdin.write(spec)
+            proc.stdin.close()
+            self.procs[role] = proc
 
     def dead(self) -> str | None:
         """A message naming the first child that has exited, or None while all run."""
@@ -79,7 +87,7 @@ class ChildProcesses:
         self.ipc.close()
 
 
-def _main(role: str, raw: str) -> None:
+def _main(role: str, raw: bytes) -> None:
     spec = msgspec.json.decode(raw, type=ChildSpec)
     if role == "scheduler":
         from arbor.runtime.scheduler.process import run_scheduler
@@ -94,4 +102,4 @@ def _main(role: str, raw: str) -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])
+    _main(sys.argv[1], sys.stdin.buffer.read())

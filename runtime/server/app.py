@@ -6,6 +6,7 @@ The OpenAI routes live in `openai_api.py`; both share `state.py`.
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -79,7 +80,7 @@ def _auth(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
         if api_key is None:
             return
         header = request.headers.get("authorization", "")
-        if header != f"Bearer {api_key}":
+        if not hmac.compare_digest(header.encode(), f"Bearer {api_key}".encode()):  # constant time
             raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
                            "authentication_error")
     return check

@@ -49,3 +49,26 @@ def test_requests_over_the_concurrency_limit_get_429(launch):
             break
         time.sleep(0.1)
     assert status == 200 and len(payload["output_ids"]) <= 2
+
+
+def test_the_api_key_is_in_no_process_command_line(launch, tmp_path):
+    from pathlib import Path
+
+    secret = "sk-arbor-cmdline-probe-7731"
+    key_file = tmp_path / "key"
+    key_file.write_text(secret + "\n")
+    server = launch("--api-key-file", str(key_file))
+    pids = [server.proc.pid] + [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                                and _parent(p) == server.proc.pid]
+    assert len(pids) == 3  # the server, the scheduler and the detokenizer
+    for pid in pids:
+        assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert server.request("GET", "/get_model_info", key=secret)[0] == 200
+    assert server.request("GET", "/get_model_info", key=secret + "x")[0] == 401
+
+
+def _parent(proc_dir) -> int:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
