@@ -39,7 +39,7 @@ def start_server(model: Path, *extra: str) -> tuple[subprocess.Popen, int]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "arbor", "serve", "--model-path", str(model),
-                             "--port", str(port), "--log-level", "warning", *extra])
+                             "--port", str(port), "--log-level", "warning", "--enable-cache-report", *extra])
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:

@@ -72,6 +72,10 @@ class ServerArgs:
         "to every local user in the process list: prefer --api-key-file or ARBOR_API_KEY."
     )
     api_key_file: str | None = _opt(None, "File whose first line is the API key (instead of --api-key).")
+    enable_cache_report: bool = _opt(
+        False, "Report cached prompt tokens in OpenAI usage (prompt_tokens_details); off by default, "
+        "since it tells a caller how much of its prompt someone else sent before."
+    )
     served_model_name: str | None = _opt(None, "Model name in the OpenAI API; empty = the checkpoint directory's name.")
     max_body_bytes: int = _opt(4 << 20, "Largest HTTP request body accepted (413 above it).")
     max_n: int = _opt(16, "Largest n (samples per prompt) a request may ask for.")

@@ -124,6 +124,9 @@ def _stats(sched: Scheduler) -> dict[str, float]:
         new_token_ratio=sched.new_token_ratio, invariant_ok=float(sched.check_invariant() is None)
         if not sched.has_work else 1.0,
     )
+    prompt = sched.counters["prompt_tokens"]
+    # Admitted requests only (the tree's own lookups, e.g. LPM ordering, are not user traffic).
+    values["cache_hit_rate"] = sched.counters["cached_tokens"] / prompt if prompt else 0.0
     if sched.tree is not None:
-        values.update(cache_tokens=sched.tree.total_size(), cache_hit_rate=sched.tree.stats.hit_rate)
+        values["cache_tokens"] = sched.tree.total_size()
     return values

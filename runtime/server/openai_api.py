@@ -58,7 +58,8 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         results = await state.collect(request, prepared)
         choices = [_completion_choice(i * body.n + (o.index or 0), o, k) for i, outs in enumerate(results)
                    for o in outs]
-        return JSONResponse({**meta.head("text_completion"), "choices": choices, "usage": _usage(results)})
+        usage = _usage(results, state.args.enable_cache_report)
+        return JSONResponse({**meta.head("text_completion"), "choices": choices, "usage": usage})
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
@@ -94,7 +95,8 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         for out in results[0]:
             _remember(state, out)
         choices = [_chat_choice(o.index or 0, o, k) for o in results[0]]
-        return JSONResponse({**meta.head("chat.completion"), "choices": choices, "usage": _usage(results)})
+        usage = _usage(results, state.args.enable_cache_report)
+        return JSONResponse({**meta.head("chat.completion"), "choices": choices, "usage": usage})
 
 
 # ------------------------------------------------------------------ requests
@@ -197,12 +199,14 @@ def _finish_reason(meta: MetaInfo) -> str | None:
     return "length" if isinstance(reason, FinishLength) else "stop"
 
 
-def _usage(results: list[list[GenerateOutput]]) -> dict[str, Any]:
+def _usage(results: list[list[GenerateOutput]], cache_report: bool) -> dict[str, Any]:
     prompt = sum(outs[0].meta_info.prompt_tokens for outs in results)
     completion = sum(o.meta_info.completion_tokens for outs in results for o in outs)
-    cached = sum(outs[0].meta_info.cached_tokens for outs in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                             "total_tokens": prompt + completion}
+    if cache_report:  # --enable-cache-report: how much of the prompt was cached is a side channel
+        usage["prompt_tokens_details"] = {"cached_tokens": sum(outs[0].meta_info.cached_tokens for outs in results)}
+    return usage
 
 
 def _entries(meta: MetaInfo, start: int) -> list[tuple[LogprobEntry, list[LogprobEntry]]]:
@@ -315,7 +319,7 @@ async def _stream_completions(
             yield {**meta.head("text_completion"), "choices": [choice]}
     if include_usage:
         by_prompt = [[finals[i * n + j] for j in range(n)] for i in range(len(prepared))]
-        yield {**meta.head("text_completion"), "choices": [], "usage": _usage(by_prompt)}
+        yield {**meta.head("text_completion"), "choices": [], "usage": _usage(by_prompt, state.args.enable_cache_report)}
 
 
 async def _stream_chat(
@@ -340,4 +344,4 @@ async def _stream_chat(
             _remember(state, out)
             yield {**head, "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}]}
     if include_usage:
-        yield {**head, "choices": [], "usage": _usage([[finals[i] for i in range(n)]])}
+        yield {**head, "choices": [], "usage": _usage([[finals[i] for i in range(n)]], state.args.enable_cache_report)}

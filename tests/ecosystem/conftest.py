@@ -68,7 +68,7 @@ def stop_router(router: Router) -> None:
 
 @pytest.fixture(scope="session")
 def router(tiny_model) -> Iterator[Router]:
-    workers = [start_server(str(tiny_model("llama"))) for _ in range(2)]
+    workers = [start_server(str(tiny_model("llama")), "--enable-cache-report") for _ in range(2)]
     try:
         r = start_router(workers)
     except BaseException:

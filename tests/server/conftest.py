@@ -100,7 +100,8 @@ def stop_server(server: Server) -> None:
 
 @pytest.fixture(scope="session")
 def server(tiny_model) -> Iterator[Server]:
-    s = start_server(str(tiny_model("llama")), "--api-key", API_KEY, "--max-body-bytes", "200000")
+    s = start_server(str(tiny_model("llama")), "--api-key", API_KEY, "--max-body-bytes", "200000",
+                     "--enable-cache-report")
     yield s
     stop_server(s)
 

@@ -232,3 +232,13 @@ def test_sampling_seed_is_seed_and_extra_key_separates_caches(server):
     assert gen({}, extra_key="tenant-a")["meta_info"]["cached_tokens"] == 0
     assert gen({}, extra_key="tenant-a")["meta_info"]["cached_tokens"] > 0
     assert gen({}, extra_key="tenant-b")["meta_info"]["cached_tokens"] == 0
+
+
+def test_cache_hit_rate_counts_admitted_requests_only(launch):
+    server = launch()
+    for start in (100, 5000, 9000):
+        server.request("POST", "/generate", {"input_ids": list(range(start, start + 64)),
+                                             "sampling_params": {"max_new_tokens": 4}})
+    assert server.request("GET", "/get_server_info")[1]["stats"]["cache_hit_rate"] == 0.0
+    server.request("POST", "/generate", {"input_ids": list(range(100, 164)), "sampling_params": {"max_new_tokens": 4}})
+    assert server.request("GET", "/get_server_info")[1]["stats"]["cache_hit_rate"] == 63 / 256

@@ -106,3 +106,13 @@ def test_errors_come_in_openai_shape(client, server):
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
+
+
+def test_cached_tokens_are_reported_only_with_enable_cache_report(launch):
+    import openai
+
+    server = launch()
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+    for _ in range(2):
+        reply = client.completions.create(model=server.model, prompt="the same prompt twice", max_tokens=2)
+    assert reply.usage.prompt_tokens_details is None
