@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from collections.abc import Callable
@@ -59,7 +60,8 @@ def _serve(args: argparse.Namespace) -> int:
                                            log_level=server_args.log_level, timeout_graceful_shutdown=5))
     state = app.state.arbor
     state.on_engine_death = lambda: setattr(server, "should_exit", True)
-    server.run()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it shut down on
+        server.run()
     if not server.started:
         return STARTUP_FAILURE  # the log above says why (a bad checkpoint, a port in use, ...)
     if state.manager is not None and state.manager.dead is not None:

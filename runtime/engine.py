@@ -123,7 +123,7 @@ class Engine:
         inputs, single = split_batch(prompt, input_ids, params, rid=rid, **options)
         if options["stream"] and not single:
             raise ValueError("stream=True takes one prompt; call generate once per prompt to stream several")
-        return [self.manager.prepare(one) for one in inputs], single
+        return self.manager.prepare_batch(inputs), single
 
     async def _collect(self, prepared: list[Prepared], show: bool) -> list[list[dict[str, Any]]]:
         from tqdm.auto import tqdm

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+INT64 = 1 << 63
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily
+MAX_STOP_TOKEN_IDS = 256
 
 
 @dataclass
@@ -25,23 +30,33 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 0,
-               f"max_new_tokens must be an integer >= 0, got {self.max_new_tokens!r}")
+        _check(_is_int(self.max_new_tokens, 0), f"max_new_tokens must be an integer >= 0, got {_r(self.max_new_tokens)}")
         _check(_is_number(self.temperature) and self.temperature >= 0,
-               f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(isinstance(self.top_k, int), f"top_k must be an integer (<= 0 disables), got {self.top_k!r}")
-        _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
-        _check(isinstance(self.min_new_tokens, int) and self.min_new_tokens >= 0,
-               f"min_new_tokens must be an integer >= 0, got {self.min_new_tokens!r}")
+               f"temperature must be a finite number >= 0 (0 = greedy), got {_r(self.temperature)}")
+        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {_r(self.top_p)}")
+        _check(_is_int(self.top_k, -INT64), f"top_k must be an integer (<= 0 disables), got {_r(self.top_k)}")
+        _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {_r(self.min_p)}")
+        _check(_is_int(self.min_new_tokens, 0), f"min_new_tokens must be an integer >= 0, got {_r(self.min_new_tokens)}")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
-            _check(_is_number(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {value!r}")
+            _check(_is_number(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {_r(value)}")
         _check(_is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
-               f"repetition_penalty must be in (0, 2] (1 = off), got {self.repetition_penalty!r}")
-        _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
-        _check(isinstance(self.stop_token_ids, list) and all(isinstance(t, int) for t in self.stop_token_ids),
-               "stop_token_ids must be a list of integers")
+               f"repetition_penalty must be in (0, 2] (1 = off), got {_r(self.repetition_penalty)}")
+        _check(self.seed is None or _is_int(self.seed, -INT64), f"seed must be a 64-bit integer, got {_r(self.seed)}")
+        _check(isinstance(self.ignore_eos, bool), f"ignore_eos must be true or false, got {_r(self.ignore_eos)}")
+        _check(isinstance(self.stop_token_ids, list) and all(_is_int(t, 0) for t in self.stop_token_ids),
+               "stop_token_ids must be a list of token ids (integers >= 0)")
+        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+               f"stop_token_ids allows at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
+        if self.temperature < GREEDY_BELOW:  # as SGLang: a tiny temperature is greedy, not a division blow-up
+            self.temperature = 0.0
+
+    def fit_vocab(self, vocab_size: int) -> None:
+        """Check token ids against the vocabulary and clamp top_k to it (top_k >= vocab = off)."""
+        bad = next((t for t in self.stop_token_ids if t >= vocab_size), None)
+        _check(bad is None, f"stop_token_ids holds {bad}, outside the vocabulary [0, {vocab_size})")
+        if self.top_k >= vocab_size:
+            self.top_k = -1
 
     @property
     def penalized(self) -> bool:
@@ -62,8 +77,8 @@ class SamplingParams:
             params.setdefault("seed", params.pop("sampling_seed"))
         for name, default in DEFAULT_ONLY.items():
             value = params.pop(name, default)
-            _check(value == default, f"sampling parameter {name} is not supported by Arbor (got {value!r}); "
-                                     f"omit it or send its default {default!r}")
+            _check(value == default, f"sampling parameter {name} is not supported by Arbor (got {_r(value)}); "
+                                     f"omit it or send its default {_r(default)}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - known)
         _check(not unknown, f"unknown sampling parameter(s) {', '.join(unknown)}; "
@@ -83,7 +98,20 @@ FRONT_DOOR_KEYS = {"stop", "stop_regex", "no_stop_trim", "skip_special_tokens", 
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    """A finite float, or an int within int64 (NaN, inf and huge ints are refused)."""
+    if isinstance(x, float):
+        return math.isfinite(x)
+    return isinstance(x, int) and not isinstance(x, bool) and -INT64 <= x < INT64
+
+
+def _r(value: Any) -> str:
+    """repr, cut short: an error message never echoes a huge value back."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_int(x: Any, low: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x < INT64
 
 
 def _check(ok: bool, message: str) -> None:

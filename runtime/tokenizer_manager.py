@@ -97,6 +97,8 @@ class TokenizerManager:
         self._queues: dict[str, asyncio.Queue[TextOut | Exception]] = {}
         self._stats_waiters: list[asyncio.Future[dict[str, float]]] = []
         self._tasks: list[asyncio.Task[None]] = []
+        # No token spells more characters than this, so a longer text surely needs more tokens.
+        self.max_token_chars = max(map(len, tokenizer.get_vocab()), default=1)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -160,6 +162,16 @@ class TokenizerManager:
         unenforced = plan(constraint).unenforced if constraint is not None else []
         return Prepared(msg, rids, ids, req.return_text_in_logprobs, unenforced, interval)
 
+    def prepare_batch(self, inputs: list[GenerateInput]) -> list[Prepared]:
+        """`prepare` every prompt of a batch; its request ids must differ from each other."""
+        prepared = [self.prepare(one) for one in inputs]
+        seen: set[str] = set()
+        for rid in (r for p in prepared for r in p.rids):
+            if rid in seen:
+                raise ValueError(f"request id {rid!r} appears twice in this batch; give each prompt its own rid")
+            seen.add(rid)
+        return prepared
+
     async def generate(self, req: GenerateInput) -> AsyncIterator[GenerateOutput]:
         """`prepare` then `run`."""
         async for out in self.run(self.prepare(req)):
@@ -172,6 +184,9 @@ class TokenizerManager:
         Closing the iterator early aborts the request."""
         self._check_alive()
         msg, rids = prepared.msg, prepared.rids
+        taken = next((r for r in rids if r in self._queues), None)
+        if taken is not None:  # checked and registered in one step of the loop: no two owners
+            raise ValueError(f"request id {taken!r} is already in use; give a unique rid")
         queue: asyncio.Queue[TextOut | Exception] = asyncio.Queue()
         samples = {r: _Sample(i) for i, r in enumerate(rids)}
         for r in rids:
@@ -230,6 +245,10 @@ class TokenizerManager:
         if req.text is not None:
             if not isinstance(req.text, str):
                 raise ValueError(f"text must be a string, got {type(req.text).__name__}")
+            most = self.info["context_length"] * self.max_token_chars
+            if len(req.text) > most:  # surely over the context: refuse before tokenizing
+                raise ValueError(f"text has {len(req.text)} characters, more than {most}, which cannot fit the "
+                                 f"context length of {self.info['context_length']} tokens; shorten the prompt")
             ids = self.tokenizer.encode(req.text)
         else:
             ids = req.input_ids
@@ -270,6 +289,7 @@ class TokenizerManager:
         None = until the context (or the KV pool) is full; never past the context."""
         asked = raw.pop("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
         params = SamplingParams.from_dict(raw)
+        params.fit_vocab(self.info["vocab_size"])
         context, total = self.info["context_length"], self.info["max_total_tokens"]
         room = min(context, total) - len(ids)
         if asked is None:

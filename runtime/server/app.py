@@ -57,7 +57,7 @@ def create_app(args: ServerArgs) -> FastAPI:
     @app.get("/health_generate")
     async def health_generate() -> Response:
         """Healthy only if the engine generates: one token of a one-token prompt, greedy."""
-        prepared = state.prepare([GenerateInput(input_ids=[0], sampling_params={"max_new_tokens": 1,
+        prepared = await state.prepare([GenerateInput(input_ids=[0], sampling_params={"max_new_tokens": 1,
                                                                                 "temperature": 0})])
         async for _ in state.front().run(prepared[0]):
             pass
@@ -104,7 +104,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
             raise ApiError(400, str(e)) from None
         if body.stream and not single:
             raise ApiError(400, "stream takes a single prompt; send one request per prompt to stream several")
-        prepared = state.prepare(inputs)
+        prepared = await state.prepare(inputs)
         if body.stream:
             state.check_capacity(1)
             return sse(_as_json(_admitted(state, state.outputs(prepared[0]))))

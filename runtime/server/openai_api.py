@@ -49,7 +49,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
                                                                               json_schema=body.json_schema)
         salt = state.salt(body.cache_salt, body.extra_key)
         inputs = [_input(p, params, body.stream, k, salt, body.rid if len(prompts) == 1 else None) for p in prompts]
-        prepared = state.prepare(inputs)
+        prepared = await state.prepare(inputs)
         meta = _Meta("cmpl", state.model_name)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
@@ -79,13 +79,10 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
                   | _constraint(regex=body.regex))
         if not body.messages:
             raise ApiError(400, "messages is empty; give at least one message", param="messages")
-        try:
-            ids = state.chat.encode([_message(m) for m in body.messages])
-        except ValueError as e:
-            raise ApiError(400, str(e), param="messages") from None
+        ids = await state.encode_chat([_message(m) for m in body.messages])
         k = (top or 0) if body.logprobs else None
         one = _input(ids, params, body.stream, k, state.salt(body.cache_salt, body.extra_key), body.rid)
-        prepared = state.prepare([one])
+        prepared = await state.prepare([one])
         meta = _Meta("chatcmpl", state.model_name)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from arbor.runtime.tokenizer_manager import EngineDead, Prepared, TokenizerManag
 logger = logging.getLogger("arbor.server")
 DISCONNECT_POLL_S = 0.25
 ENGINE_WATCH_S = 0.25
+INLINE_TOKENIZE_CHARS = 16_384  # shorter prompts tokenize on the loop (faster than a thread hop)
 START_TIMEOUT_S = 600.0
 
 
@@ -51,6 +53,7 @@ class ServerState:
         self.children = ChildProcesses(args, self.model_path, self.tokenizer_path)
         self.manager: TokenizerManager | None = None
         self.on_engine_death: Callable[[], None] | None = None
+        self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="arbor-tokenizer")
         self._watcher: asyncio.Task[None] | None = None
         self.inflight = 0
         # Each API key gets its own cache namespace; the request's cache_salt refines it.
@@ -113,15 +116,36 @@ class ServerState:
                 "max_total_num_tokens": info["max_total_tokens"], "context_length": info["context_length"],
                 "version": version("arbor")}
 
-    def prepare(self, inputs: list[GenerateInput]) -> list[Prepared]:
-        """Validate every prompt before any runs; a bad one is a 400 naming the problem."""
+    async def prepare(self, inputs: list[GenerateInput]) -> list[Prepared]:
+        """Validate every prompt before any runs; a bad one is a 400 naming the problem. Long
+        texts are tokenized on the tokenizer thread, so the event loop never stalls on them."""
         front = self.front()
         if len(inputs) > self.args.max_batch_prompts:
             raise ApiError(400, f"a batch may hold at most {self.args.max_batch_prompts} prompts, got {len(inputs)}")
         try:
-            return [front.prepare(one) for one in inputs]
+            if sum(len(i.text or "") for i in inputs) <= INLINE_TOKENIZE_CHARS:
+                return front.prepare_batch(inputs)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.tokenizer_thread, front.prepare_batch, inputs)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
+
+    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of a chat prompt: refused before the template when it surely cannot fit,
+        tokenized on the tokenizer thread when long."""
+        front = self.front()
+        chars = sum(len(m["content"]) for m in messages)
+        most = front.info["context_length"] * front.max_token_chars
+        try:
+            if chars > most:
+                raise ValueError(f"the messages hold {chars} characters, more than {most}, which cannot fit the "
+                                 f"context length of {front.info['context_length']} tokens; shorten them")
+            if chars <= INLINE_TOKENIZE_CHARS:
+                return self.chat.encode(messages)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.tokenizer_thread, self.chat.encode, messages)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="messages") from None
 
     def check_capacity(self, count: int) -> None:
         """429 when `count` more requests would pass max_concurrent_requests (checked before a
@@ -168,6 +192,8 @@ def _result(task: asyncio.Future[Any]) -> Any:
         return task.result()
     except EngineDead as e:
         raise ApiError(503, str(e), "server_error") from None
+    except ValueError as e:  # e.g. a request id already in flight
+        raise ApiError(400, str(e)) from None
 
 
 async def read_body(request: Request, kind: type, limit: int) -> Any:
@@ -195,6 +221,8 @@ def sse(events: AsyncIterator[dict[str, Any]], done: bool = True) -> StreamingRe
             yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
         except EngineDead as e:
             yield b"data: " + json.dumps(ApiError(503, str(e), "server_error").body()).encode() + b"\n\n"
+        except ValueError as e:
+            yield b"data: " + json.dumps(ApiError(400, str(e)).body()).encode() + b"\n\n"
         if done:
             yield b"data: [DONE]\n\n"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -94,6 +95,16 @@ BAD_INPUTS = [
      "never runs code"),
     ("unsupported sampling field set", "POST", "/generate", {"text": "a", "sampling_params": {"ebnf": "root"}},
      400, "ebnf is not supported"),
+    ("top_k beyond int64", "POST", "/generate", {"text": "a", "sampling_params": {"top_k": 2**63}}, 400, "top_k"),
+    ("infinite temperature", "POST", "/generate", b'{"text": "a", "sampling_params": {"temperature": 1e400}}', 400,
+     "out of range"),
+    ("seed beyond int64", "POST", "/generate", {"text": "a", "sampling_params": {"seed": 2**64}}, 400, "seed"),
+    ("stop token outside the vocabulary", "POST", "/v1/completions",
+     {"model": "MODEL", "prompt": "a", "min_tokens": 1, "stop_token_ids": [60000]}, 400, "outside the vocabulary"),
+    ("negative stop token", "POST", "/generate", {"text": "a", "sampling_params": {"stop_token_ids": [-1]}}, 400,
+     "stop_token_ids"),
+    ("repeated rid in a batch", "POST", "/generate", {"text": ["a", "b"], "rid": ["same", "same"]}, 400,
+     "appears twice"),
     ("invalid stop_regex", "POST", "/generate", {"text": "a", "sampling_params": {"stop_regex": "(a"}}, 400,
      "stop_regex"),
     ("unsupported OpenAI field set", "POST", "/v1/chat/completions",
@@ -242,3 +253,34 @@ def test_cache_hit_rate_counts_admitted_requests_only(launch):
     assert server.request("GET", "/get_server_info")[1]["stats"]["cache_hit_rate"] == 0.0
     server.request("POST", "/generate", {"input_ids": list(range(100, 164)), "sampling_params": {"max_new_tokens": 4}})
     assert server.request("GET", "/get_server_info")[1]["stats"]["cache_hit_rate"] == 63 / 256
+
+
+def test_huge_top_k_means_no_top_k_and_the_server_keeps_serving(server):
+    status, out = server.request("POST", "/generate", {"text": "a", "sampling_params": {
+        "top_k": 2**62, "max_new_tokens": 3, "temperature": 1e-7}})
+    assert status == 200 and out["meta_info"]["completion_tokens"] == 3, out
+    assert server.request("GET", "/health", key=None)[0] == 200
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(launch):
+    server = launch("--context-length", "64")
+    started = time.perf_counter()
+    status, out = server.request("POST", "/generate", {"text": "word " * 200_000})
+    assert status == 400 and "cannot fit the context length of 64 tokens" in out["error"]["message"]
+    assert time.perf_counter() - started < 5
+    status, out = server.request("POST", "/v1/chat/completions", {"model": server.model, "messages": [
+        {"role": "user", "content": "word " * 200_000}]})
+    assert status == 400 and "cannot fit" in out["error"]["message"]
+
+
+def test_a_rid_in_flight_cannot_be_taken_by_another_request(server):
+    async def scenario() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        first = loop.run_in_executor(None, lambda: server.request("POST", "/generate", {
+            "text": "a", "rid": "owned-rid", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
+        await asyncio.sleep(0.5)
+        second = server.request("POST", "/generate", {"text": "b", "rid": "owned-rid"})
+        return (await first)[0], second
+
+    first_status, (second_status, body) = asyncio.run(scenario())
+    assert first_status == 200 and second_status == 400 and "already in use" in body["error"]["message"]
