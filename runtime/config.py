@@ -76,6 +76,10 @@ class ServerArgs:
         False, "Report cached prompt tokens in OpenAI usage (prompt_tokens_details); off by default, "
         "since it tells a caller how much of its prompt someone else sent before."
     )
+    incremental_streaming_output: bool = _opt(
+        False, "Native streams send only what is new in each event (text, ids, logprobs) instead of "
+        "SGLang's default, the whole output so far."
+    )
     served_model_name: str | None = _opt(None, "Model name in the OpenAI API; empty = the checkpoint directory's name.")
     max_body_bytes: int = _opt(4 << 20, "Largest HTTP request body accepted (413 above it).")
     max_n: int = _opt(16, "Largest n (samples per prompt) a request may ask for.")

@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.outputs import GenerateOutput
+from arbor.runtime.outputs import GenerateOutput, StreamShaper
 from arbor.runtime.processes import ChildProcesses
 from arbor.runtime.request import split_batch
 from arbor.runtime.server.chat import role_markers
@@ -142,10 +142,11 @@ class Engine:
 
     def _stream(self, prepared: Prepared) -> Iterator[dict[str, Any]]:
         agen = self.manager.run(prepared)
+        shape = StreamShaper(self.args.incremental_streaming_output)
         try:
             while True:
                 try:
-                    yield self._call(agen.__anext__()).to_json()
+                    yield shape(self._call(agen.__anext__()))
                 except StopAsyncIteration:
                     return
         finally:
@@ -154,10 +155,11 @@ class Engine:
 
     async def _astream(self, prepared: Prepared) -> AsyncIterator[dict[str, Any]]:
         agen = self.manager.run(prepared)
+        shape = StreamShaper(self.args.incremental_streaming_output)
         try:
             while True:
                 try:
-                    yield (await asyncio.wrap_future(self._submit(agen.__anext__()))).to_json()
+                    yield shape(await asyncio.wrap_future(self._submit(agen.__anext__())))
                 except StopAsyncIteration:
                     return
         finally:

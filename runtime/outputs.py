@@ -20,8 +20,8 @@ class LogprobEntry(NamedTuple):
 
 
 class MetaInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """Counts, the finish reason and, when asked for, logprobs of one output (cumulative in
-    a stream, as SGLang's default)."""
+    """Counts, the finish reason and, when asked for, logprobs of one output. Inside Arbor a
+    stream event carries only the output logprobs new in it (StreamShaper)."""
 
     id: str
     finish_reason: FinishReason | None
@@ -52,3 +52,30 @@ class GenerateOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     def to_json(self) -> dict[str, Any]:
         """SGLang's JSON shape: `{text, output_ids, meta_info: {..., finish_reason: {type...}}}`."""
         return msgspec.to_builtins(self)
+
+
+class StreamShaper:
+    """Shapes one request's stream events for the client, per sample index. Cumulative (SGLang's
+    default): text, ids and every output logprob so far. Incremental
+    (`--incremental-streaming-output`): only what is new in each event."""
+
+    def __init__(self, incremental: bool) -> None:
+        self.incremental = incremental
+        self._sent: dict[int, tuple[int, int]] = {}  # chars and ids already sent
+        self._logprobs: dict[int, list[LogprobEntry]] = {}
+        self._top: dict[int, list[list[LogprobEntry]]] = {}
+
+    def __call__(self, out: GenerateOutput) -> dict[str, Any]:
+        i, meta = out.index or 0, out.meta_info
+        if self.incremental:
+            chars, ids = self._sent.get(i, (0, 0))
+            self._sent[i] = (len(out.text), len(out.output_ids))
+            return msgspec.structs.replace(out, text=out.text[chars:], output_ids=out.output_ids[ids:]).to_json()
+        if meta.output_token_logprobs is not None:
+            entries = self._logprobs.setdefault(i, [])
+            entries += meta.output_token_logprobs
+            top = self._top.setdefault(i, [])
+            top += meta.output_top_logprobs or []
+            meta = msgspec.structs.replace(meta, output_token_logprobs=entries,
+                                           output_top_logprobs=top if meta.output_top_logprobs is not None else None)
+        return msgspec.structs.replace(out, meta_info=meta).to_json()

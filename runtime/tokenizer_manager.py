@@ -179,7 +179,8 @@ class TokenizerManager:
 
     async def run(self, prepared: Prepared) -> AsyncIterator[GenerateOutput]:
         """Yield outputs: with `stream`, one per text increment of each sample (cumulative
-        text and meta_info, as SGLang's default; every `stream_interval` tokens); else one
+        text and ids, the output logprobs new since the last event; every `stream_interval`
+        tokens; `outputs.StreamShaper` turns them into what the client asked for); else one
         final output per sample. A sample's last output has its finish reason set.
         Closing the iterator early aborts the request."""
         self._check_alive()
@@ -361,10 +362,11 @@ class TokenizerManager:
                         completion_tokens=len(s.output_ids), cached_tokens=last.cached_tokens)
         if msg.return_logprob:
             entry = self._logprob_entry if prepared.return_text_in_logprobs else _bare_entry
-            meta.output_token_logprobs = [entry(lp, t) for lp, t in zip(s.logprobs, s.output_ids)]
+            start = s.streamed  # a stream event carries only its new logprobs (StreamShaper adds up)
+            meta.output_token_logprobs = [entry(lp, t) for lp, t in zip(s.logprobs[start:], s.output_ids[start:])]
             meta.output_token_logprobs_length = len(s.logprobs)
             if msg.top_logprobs_num:
-                meta.output_top_logprobs = [[entry(lp, t) for lp, t in row] for row in s.top_logprobs]
+                meta.output_top_logprobs = [[entry(lp, t) for lp, t in row] for row in s.top_logprobs[start:]]
             if last.finish_reason is not None and msg.logprob_start_len < 0:
                 meta.input_token_logprobs = []  # SGLang's shape: present, empty when not asked for
             elif last.finish_reason is not None:

@@ -15,16 +15,17 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.outputs import GenerateOutput
+from arbor.runtime.outputs import GenerateOutput, StreamShaper
 from arbor.runtime.request import GenerateInput, split_batch
 from arbor.runtime.server.chat import role_markers
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.openai_api import openai_routes
 from arbor.runtime.server.protocol import AbortRequest, GenerateRequest
 from arbor.runtime.server.state import ServerState, read_body, sse
-from arbor.runtime.tokenizer_manager import EngineDead
+from arbor.runtime.tokenizer_manager import EngineDead, Prepared
 
 logger = logging.getLogger("arbor.server")
+MAX_STREAMED_LOGPROBS = 1 << 18  # entries over all events of one cumulative native stream (~8 MB)
 
 
 def create_app(args: ServerArgs) -> FastAPI:
@@ -106,8 +107,11 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
             raise ApiError(400, "stream takes a single prompt; send one request per prompt to stream several")
         prepared = await state.prepare(inputs)
         if body.stream:
+            incremental = state.args.incremental_streaming_output
+            if not incremental:
+                _check_cumulative_payload(prepared[0])
             state.check_capacity(1)
-            return sse(_as_json(_admitted(state, state.outputs(prepared[0]))))
+            return sse(_shaped(_admitted(state, state.outputs(prepared[0])), StreamShaper(incremental)))
         results = [out.to_json() for outs in await state.collect(request, prepared) for out in outs]
         return JSONResponse(results[0] if single and len(results) == 1 else results)
 
@@ -150,9 +154,24 @@ async def _admitted(state: ServerState, events: AsyncIterator[GenerateOutput]) -
             yield event
 
 
-async def _as_json(events: AsyncIterator[GenerateOutput]) -> AsyncIterator[dict[str, Any]]:
+async def _shaped(events: AsyncIterator[GenerateOutput], shape: StreamShaper) -> AsyncIterator[dict[str, Any]]:
     async for event in events:
-        yield event.to_json()
+        yield shape(event)
+
+
+def _check_cumulative_payload(prepared: Prepared) -> None:
+    """A cumulative stream re-sends every logprob in every event: refuse one whose events
+    would carry more than MAX_STREAMED_LOGPROBS entries in all."""
+    msg = prepared.msg
+    if not msg.return_logprob:
+        return
+    tokens = msg.sampling.max_new_tokens
+    entries = tokens * (tokens + 1) // 2 // prepared.stream_interval * (1 + msg.top_logprobs_num)
+    if entries > MAX_STREAMED_LOGPROBS:
+        raise ApiError(400, f"this stream would re-send about {entries} logprob entries (every event carries all "
+                            f"so far; the limit is {MAX_STREAMED_LOGPROBS}); raise stream_interval, lower "
+                            "max_new_tokens or top_logprobs_num, or start the server with "
+                            "--incremental-streaming-output")
 
 
 def _one_key(extra_key: str | list[str] | None) -> str | None:

@@ -206,17 +206,17 @@ def _usage(results: list[list[GenerateOutput]], cache_report: bool) -> dict[str,
     return usage
 
 
-def _entries(meta: MetaInfo, start: int) -> list[tuple[LogprobEntry, list[LogprobEntry]]]:
-    """Each output token's entry from position `start` on, with its top alternatives."""
+def _entries(meta: MetaInfo) -> list[tuple[LogprobEntry, list[LogprobEntry]]]:
+    """Each output token's entry (in a stream: this event's tokens) with its top alternatives."""
     entries = meta.output_token_logprobs or []
     tops = meta.output_top_logprobs or [[] for _ in entries]
-    return list(zip(entries, tops))[start:]
+    return list(zip(entries, tops))
 
 
-def _completion_logprobs(meta: MetaInfo, k: int | None, start: int = 0) -> dict[str, Any] | None:
+def _completion_logprobs(meta: MetaInfo, k: int | None) -> dict[str, Any] | None:
     if k is None:
         return None
-    pairs = _entries(meta, start)
+    pairs = _entries(meta)
     offsets, pos = [], 0
     for e, _ in pairs:
         offsets.append(pos)
@@ -226,7 +226,7 @@ def _completion_logprobs(meta: MetaInfo, k: int | None, start: int = 0) -> dict[
             "text_offset": offsets}
 
 
-def _chat_logprobs(meta: MetaInfo, k: int | None, start: int = 0) -> dict[str, Any] | None:
+def _chat_logprobs(meta: MetaInfo, k: int | None) -> dict[str, Any] | None:
     if k is None:
         return None
 
@@ -234,11 +234,11 @@ def _chat_logprobs(meta: MetaInfo, k: int | None, start: int = 0) -> dict[str, A
         text = e.text or ""
         return {"token": text, "logprob": e.logprob, "bytes": list(text.encode())}
 
-    return {"content": [{**item(e), "top_logprobs": [item(t) for t in row]} for e, row in _entries(meta, start)]}
+    return {"content": [{**item(e), "top_logprobs": [item(t) for t in row]} for e, row in _entries(meta)]}
 
 
-def _has_logprobs(out: GenerateOutput, k: int | None, start: int) -> bool:
-    return k is not None and len(out.meta_info.output_token_logprobs or ()) > start
+def _has_logprobs(out: GenerateOutput, k: int | None) -> bool:
+    return k is not None and bool(out.meta_info.output_token_logprobs)
 
 
 def _completion_choice(index: int, out: GenerateOutput, k: int | None) -> dict[str, Any]:
@@ -285,18 +285,15 @@ async def _merged(state: ServerState, prepared: list[Prepared]) -> AsyncIterator
 
 
 class _Deltas:
-    """Per choice: how much text and how many tokens' logprobs were already sent."""
+    """Per choice: how much text was already sent (an event's logprobs are already only its new ones)."""
 
     def __init__(self) -> None:
         self.text: dict[int, int] = {}
-        self.tokens: dict[int, int] = {}
 
-    def step(self, index: int, out: GenerateOutput) -> tuple[str, int]:
-        """The new text, and the first output position whose logprobs are new."""
-        sent, start = self.text.get(index, 0), self.tokens.get(index, 0)
+    def step(self, index: int, out: GenerateOutput) -> str:
+        sent = self.text.get(index, 0)
         self.text[index] = len(out.text)
-        self.tokens[index] = len(out.meta_info.output_token_logprobs or ())
-        return out.text[sent:], start
+        return out.text[sent:]
 
 
 async def _stream_completions(
@@ -306,12 +303,12 @@ async def _stream_completions(
     finals: dict[int, GenerateOutput] = {}
     async for i, out in _merged(state, prepared):
         index = i * n + (out.index or 0)
-        text, start = deltas.step(index, out)
+        text = deltas.step(index, out)
         reason = _finish_reason(out.meta_info)
         if reason is not None:
             finals[index] = out
-        if text or reason is not None or _has_logprobs(out, k, start):
-            choice = {"index": index, "text": text, "logprobs": _completion_logprobs(out.meta_info, k, start),
+        if text or reason is not None or _has_logprobs(out, k):
+            choice = {"index": index, "text": text, "logprobs": _completion_logprobs(out.meta_info, k),
                       "finish_reason": reason}
             yield {**meta.head("text_completion"), "choices": [choice]}
     if include_usage:
@@ -331,11 +328,11 @@ async def _stream_chat(
                                     "logprobs": None, "finish_reason": None}]}
     async for _, out in _merged(state, [prepared]):
         index = out.index or 0
-        text, start = deltas.step(index, out)
+        text = deltas.step(index, out)
         reason = _finish_reason(out.meta_info)
-        if text or _has_logprobs(out, k, start):  # tokens without text yet still carry their logprobs
+        if text or _has_logprobs(out, k):  # tokens without text yet still carry their logprobs
             yield {**head, "choices": [{"index": index, "delta": {"content": text},
-                                        "logprobs": _chat_logprobs(out.meta_info, k, start), "finish_reason": None}]}
+                                        "logprobs": _chat_logprobs(out.meta_info, k), "finish_reason": None}]}
         if reason is not None:
             finals[index] = out
             _remember(state, out)

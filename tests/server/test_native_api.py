@@ -284,3 +284,30 @@ def test_a_rid_in_flight_cannot_be_taken_by_another_request(server):
 
     first_status, (second_status, body) = asyncio.run(scenario())
     assert first_status == 200 and second_status == 400 and "already in use" in body["error"]["message"]
+
+
+def _logprob_stream(server, **params) -> list[dict]:
+    body = {"text": "Hi", "stream": True, "return_logprob": True, "top_logprobs_num": 2,
+            "sampling_params": {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0, **params}}
+    return [json.loads(e) for e in server.sse("/generate", body)[:-1]]
+
+
+def test_native_streams_are_cumulative_by_default_and_incremental_with_the_flag(server, launch):
+    cumulative = _logprob_stream(server)
+    for event in cumulative:
+        meta = event["meta_info"]
+        assert len(meta["output_token_logprobs"]) == len(event["output_ids"]) == meta["completion_tokens"]
+        assert len(meta["output_top_logprobs"]) == meta["completion_tokens"]
+    incremental = _logprob_stream(launch("--incremental-streaming-output"))
+    assert "".join(e["text"] for e in incremental) == cumulative[-1]["text"]
+    assert [t for e in incremental for t in e["output_ids"]] == cumulative[-1]["output_ids"]
+    entries = [x for e in incremental for x in e["meta_info"]["output_token_logprobs"]]
+    assert entries == cumulative[-1]["meta_info"]["output_token_logprobs"]
+
+
+def test_a_cumulative_stream_too_heavy_in_logprobs_is_refused_with_the_way_out(server):
+    body = {"text": "Hi", "stream": True, "return_logprob": True, "top_logprobs_num": 20,
+            "sampling_params": {"max_new_tokens": 1000}}
+    status, out = server.request("POST", "/generate", body)
+    assert status == 400 and "--incremental-streaming-output" in out["error"]["message"]
+    assert len(server.sse("/generate", {**body, "sampling_params": {"max_new_tokens": 8, "stream_interval": 4}})) > 1
