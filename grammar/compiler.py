@@ -40,6 +40,10 @@ class GrammarError(ValueError):
     """A constraint that could not be compiled: invalid, too slow or too big."""
 
 
+class GrammarBusy(GrammarError):
+    """Too many constraints are compiling already; the request may retry shortly."""
+
+
 @dataclass
 class CompilerConfig:
     """Limits of the compile service (ServerArgs.grammar_* flags)."""
@@ -49,6 +53,8 @@ class CompilerConfig:
     memory_mb: int = 4096
     cache_mb: int = 512
     cache_dir: str | None = None
+    max_pending: int = 64  # distinct constraints compiling or queued; more are refused (GrammarBusy)
+    failed_cache: int = 1024  # failed constraints remembered, so a resend fails at once
 
 
 class _Worker:
@@ -121,6 +127,7 @@ class GrammarCompiler:
         self._cache: OrderedDict[Constraint, CompiledGrammar] = OrderedDict()
         self._cache_bytes = 0
         self._pending: dict[Constraint, Future] = {}
+        self._failed: OrderedDict[Constraint, str] = OrderedDict()  # constraint -> its error message
         self.stats = {"compiles": 0, "cache_hits": 0, "disk_hits": 0, "errors": 0, "compile_s": 0.0}
 
     def submit(self, constraint: Constraint) -> Future:
@@ -133,8 +140,15 @@ class GrammarCompiler:
                 done: Future = Future()
                 done.set_result(grammar)
                 return done
+            failed = self._failed.get(constraint)
+            if failed is not None:  # a resent bad constraint must not hold a worker again
+                self._failed.move_to_end(constraint)
+                return _failed_future(GrammarError(failed))
             if constraint in self._pending:
                 return self._pending[constraint]
+            if len(self._pending) >= self.config.max_pending:
+                return _failed_future(GrammarBusy(
+                    f"{len(self._pending)} constraints are compiling already (the limit); retry shortly"))
             future = self._pool.submit(self._compile, constraint)
             self._pending[constraint] = future
             return future
@@ -172,8 +186,12 @@ class GrammarCompiler:
             self.stats["compile_s"] += time.perf_counter() - start
             self._remember(constraint, grammar)
             return grammar
-        except GrammarError:
+        except GrammarError as exc:
             self.stats["errors"] += 1
+            with self._lock:
+                self._failed[constraint] = str(exc)
+                while len(self._failed) > self.config.failed_cache:
+                    self._failed.popitem(last=False)
             raise
         finally:
             with self._lock:
@@ -206,3 +224,9 @@ class GrammarCompiler:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(blob)
         tmp.replace(path)
+
+
+def _failed_future(exc: Exception) -> Future:
+    future: Future = Future()
+    future.set_exception(exc)
+    return future

@@ -94,6 +94,9 @@ class ServerArgs:
     grammar_max_memory_mb: int = _opt(
         4096, "Address-space cap of a compile worker; a constraint needing more fails alone."
     )
+    grammar_max_pending: int = _opt(
+        64, "Distinct constraints compiling or queued at once; a request beyond it ends with 429 (retry)."
+    )
     grammar_cache_mb: int = _opt(512, "Compiled constraints kept in memory (LRU, by index size).")
     grammar_cache_dir: str | None = _opt(None, "Directory for compiled constraints on disk; empty = none.")
     disable_jump_forward: bool = _opt(
@@ -116,6 +119,8 @@ class ServerArgs:
             raise ValueError("chunked_prefill_size must be >= 0 and max_prefill_tokens >= 1")
         if min(self.max_n, self.max_batch_prompts, self.max_concurrent_requests, self.max_body_bytes) < 1:
             raise ValueError("max_n, max_batch_prompts, max_concurrent_requests and max_body_bytes must be >= 1")
+        if self.grammar_max_pending < 1:
+            raise ValueError(f"grammar_max_pending must be >= 1, got {self.grammar_max_pending}")
         if self.grammar_workers < 1 or self.grammar_compile_timeout_s <= 0 or self.grammar_max_memory_mb < 256:
             raise ValueError("grammar_workers must be >= 1, grammar_compile_timeout_s > 0, grammar_max_memory_mb >= 256")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:

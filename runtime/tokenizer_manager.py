@@ -24,6 +24,7 @@ from arbor.runtime.ipc import AsyncPuller, AsyncPusher
 from arbor.runtime.messages import (
     AbortReq,
     BatchTextOut,
+    FinishAbort,
     FlushCacheReq,
     OutputOptions,
     ProcessError,
@@ -48,11 +49,21 @@ MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_CHARS = 256
 MAX_STOP_REGEX_WIDTH = 256  # a longer stop regex match may be partly streamed before it is found
-DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's native default; OpenAI's "absent" is None (the context)
+DEFAULT_MAX_NEW_TOKENS = 128
+REFUSALS = (400, 429)  # abort status codes that mean "the request was refused", not "it failed"  # SGLang's native default; OpenAI's "absent" is None (the context)
 
 
 class EngineDead(RuntimeError):
     """A child process died; every pending and later request fails with this."""
+
+
+class RequestRefused(ValueError):
+    """The engine ended a request because of the request itself (a constraint that does not
+    compile, 400) or a busy queue (429, retry); routes answer with `status`."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass
@@ -209,6 +220,9 @@ class TokenizerManager:
                 s.last = item
                 if item.finish_reason is not None:
                     open_rids.discard(item.rid)
+                    reason = item.finish_reason
+                    if isinstance(reason, FinishAbort) and reason.status_code in REFUSALS:
+                        raise RequestRefused(reason.message, reason.status_code)
                     yield self._response(item.rid, s, prepared)
                 elif msg.stream and len(s.output_ids) - s.streamed >= prepared.stream_interval:
                     yield self._response(item.rid, s, prepared)

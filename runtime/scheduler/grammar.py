@@ -32,7 +32,7 @@ class GrammarBackend:
         self.jump_forward = not args.disable_jump_forward
         self.config = CompilerConfig(workers=args.grammar_workers, timeout_s=args.grammar_compile_timeout_s,
                                      memory_mb=args.grammar_max_memory_mb, cache_mb=args.grammar_cache_mb,
-                                     cache_dir=args.grammar_cache_dir)
+                                     cache_dir=args.grammar_cache_dir, max_pending=args.grammar_max_pending)
         self._setup_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-setup")
         self._setup: Future = self._setup_pool.submit(self._build, tokenizer_path, eos_ids, logits_size)
         self.compiler: GrammarCompiler | None = None

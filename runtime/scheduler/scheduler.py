@@ -12,6 +12,7 @@ import logging
 
 import torch
 
+from arbor.grammar.compiler import GrammarBusy
 from arbor.radix.cache import RadixCache
 from arbor.radix.key import TOKEN_BYTES, common_prefix_bytes, to_key
 from arbor.runtime.config import ServerArgs
@@ -102,7 +103,8 @@ class Scheduler:
                 continue
             req.grammar_future = None
             if future.exception() is not None:
-                req.finish_reason = FinishAbort(message=str(future.exception()), status_code=400)
+                exc = future.exception()
+                req.finish_reason = FinishAbort(message=str(exc), status_code=429 if isinstance(exc, GrammarBusy) else 400)
                 outs.append(self._out(req))
                 continue
             assert self.grammar is not None

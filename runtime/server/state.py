@@ -192,8 +192,8 @@ def _result(task: asyncio.Future[Any]) -> Any:
         return task.result()
     except EngineDead as e:
         raise ApiError(503, str(e), "server_error") from None
-    except ValueError as e:  # e.g. a request id already in flight
-        raise ApiError(400, str(e)) from None
+    except ValueError as e:  # e.g. a request id already in flight, a constraint that failed
+        raise ApiError(getattr(e, "status", 400), str(e)) from None
 
 
 async def read_body(request: Request, kind: type, limit: int) -> Any:
@@ -222,7 +222,7 @@ def sse(events: AsyncIterator[dict[str, Any]], done: bool = True) -> StreamingRe
         except EngineDead as e:
             yield b"data: " + json.dumps(ApiError(503, str(e), "server_error").body()).encode() + b"\n\n"
         except ValueError as e:
-            yield b"data: " + json.dumps(ApiError(400, str(e)).body()).encode() + b"\n\n"
+            yield b"data: " + json.dumps(ApiError(getattr(e, "status", 400), str(e)).body()).encode() + b"\n\n"
         if done:
             yield b"data: [DONE]\n\n"
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from arbor.grammar.compiler import CompilerConfig, GrammarCompiler, GrammarError
+from arbor.grammar.compiler import CompilerConfig, GrammarBusy, GrammarCompiler, GrammarError
 from arbor.grammar.constraint import Constraint, constraint_from_params
 from arbor.grammar.matcher import GrammarMatcher
 
@@ -116,6 +116,38 @@ def test_slow_compile_ends_with_a_timeout_error_and_the_worker_recovers(gpt2_fam
         with pytest.raises(GrammarError, match=r"longer than 0\.2 s"):
             compiler.compile(Constraint("regex", "(?:[a-z0-9]{1,40}, ){1,60}"))
         assert compiler.compile(Constraint("regex", "ok")) is not None
+    finally:
+        compiler.close()
+
+
+def test_a_failed_compile_is_remembered_and_a_resend_fails_at_once(gpt2_family) -> None:
+    compiler = GrammarCompiler(gpt2_family.vocab, CompilerConfig(workers=1, timeout_s=0.3))
+    slow = Constraint("regex", "(?:[a-z0-9]{1,40}, ){1,60}")
+    try:
+        with pytest.raises(GrammarError, match=r"longer than 0\.3 s"):
+            compiler.compile(slow)
+        started = time.perf_counter()
+        with pytest.raises(GrammarError, match=r"longer than 0\.3 s"):
+            compiler.compile(slow)
+        assert time.perf_counter() - started < 0.05 and compiler.stats["errors"] == 1
+    finally:
+        compiler.close()
+
+
+def test_the_compile_queue_is_bounded(gpt2_family) -> None:
+    compiler = GrammarCompiler(gpt2_family.vocab, CompilerConfig(workers=1, timeout_s=2, max_pending=2))
+    slow = [Constraint("regex", f"(?:[a-z0-9]{{1,40}}, ){{1,{60 + i}}}") for i in range(3)]
+    try:
+        futures = [compiler.submit(c) for c in slow]
+        with pytest.raises(GrammarBusy, match="retry shortly"):
+            futures[2].result()
+        quick = compiler.submit(Constraint("regex", "[0-9]+"))  # still refused while both are pending
+        with pytest.raises(GrammarBusy):
+            quick.result()
+        for f in futures[:2]:
+            with pytest.raises(GrammarError):
+                f.result()
+        assert compiler.compile(Constraint("regex", "[0-9]+")) is not None  # room again
     finally:
         compiler.close()
 

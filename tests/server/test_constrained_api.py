@@ -71,3 +71,17 @@ def test_unenforced_keywords_are_checked_and_reported(server):
         assert check["valid"] == (len(set(items)) == 2)
         seen.append(check["valid"])
     assert any(seen)
+
+
+def test_a_constraint_that_fails_to_compile_is_a_400_on_both_apis_and_fails_fast_when_resent(launch):
+    import time
+
+    server = launch("--grammar-compile-timeout-s", "0.3")
+    slow = "(?:[a-z0-9]{1,40}, ){1,60}"
+    status, out = server.request("POST", "/generate", {"text": "a", "sampling_params": {"regex": slow}})
+    assert status == 400 and "longer than 0.3 s" in out["error"]["message"]
+    started = time.perf_counter()
+    status, out = server.request("POST", "/v1/completions", {"model": server.model, "prompt": "a", "regex": slow})
+    assert status == 400 and "longer than 0.3 s" in out["error"]["message"]
+    assert time.perf_counter() - started < 0.3  # remembered: no worker is held for it again
+    assert server.request("POST", "/generate", {"text": "a", "sampling_params": {"regex": "[0-9]{3}"}})[0] == 200
