@@ -53,12 +53,13 @@ def run_demo(args: ServerArgs) -> int:
     import uvicorn
 
     from arbor.runtime.server.app import create_app
+    from arbor.runtime.server.connections import uvicorn_config
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per HTTP call of the openai client
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args.port = _free_port(args.host)
     app = create_app(args)  # a bad checkpoint fails here, in one line
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, args, log_level="warning"))
     thread = threading.Thread(target=server.run, name="arbor-demo-server", daemon=True)
     thread.start()
     base = f"http://{args.host}:{args.port}"

@@ -52,12 +52,12 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from arbor.runtime.server.app import create_app
+    from arbor.runtime.server.connections import uvicorn_config
 
     server_args = ServerArgs.from_cli_args(args)
     setup_logging(server_args)
     app = create_app(server_args)
-    server = uvicorn.Server(uvicorn.Config(app, host=server_args.host, port=server_args.port,
-                                           log_level=server_args.log_level, timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, server_args))
     state = app.state.arbor
     state.on_engine_death = lambda: setattr(server, "should_exit", True)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it shut down on

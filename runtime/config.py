@@ -87,6 +87,14 @@ class ServerArgs:
     max_concurrent_requests: int = _opt(
         1024, "Requests in flight at once; more are refused with 429 until some finish."
     )
+    max_connections: int = _opt(
+        2048, "Open HTTP connections at once; a connection beyond them gets 503 (--max-concurrent-requests "
+        "bounds the requests that run)."
+    )
+    header_timeout_s: float = _opt(10.0, "Longest a client may take to send a request's headers; then the "
+                                         "connection is closed.")
+    body_timeout_s: float = _opt(30.0, "Longest wait for the next piece of a request body (408 after it).")
+    keep_alive_timeout_s: int = _opt(5, "Idle keep-alive connections close after this many seconds.")
     grammar_workers: int = _opt(2, "Constraint compile worker processes (each compiles one grammar at a time).")
     grammar_compile_timeout_s: float = _opt(
         10.0, "Longest a constraint may compile; slower ones end their request with an error."
@@ -119,6 +127,8 @@ class ServerArgs:
             raise ValueError("chunked_prefill_size must be >= 0 and max_prefill_tokens >= 1")
         if min(self.max_n, self.max_batch_prompts, self.max_concurrent_requests, self.max_body_bytes) < 1:
             raise ValueError("max_n, max_batch_prompts, max_concurrent_requests and max_body_bytes must be >= 1")
+        if self.max_connections < 1 or min(self.header_timeout_s, self.body_timeout_s, self.keep_alive_timeout_s) <= 0:
+            raise ValueError("max_connections must be >= 1 and the connection timeouts > 0")
         if self.grammar_max_pending < 1:
             raise ValueError(f"grammar_max_pending must be >= 1, got {self.grammar_max_pending}")
         if self.grammar_workers < 1 or self.grammar_compile_timeout_s <= 0 or self.grammar_max_memory_mb < 256:

@@ -88,11 +88,10 @@ def _auth(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
 
 
 def _native_routes(router: APIRouter, state: ServerState) -> None:
-    limit = state.args.max_body_bytes
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:
-        body = await read_body(request, GenerateRequest, limit)
+        body = await read_body(request, GenerateRequest, state.args)
         body.refuse_unsupported()
         state.check_model(body.model)
         try:
@@ -131,7 +130,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
 
     @router.post("/abort_request")
     async def abort_request(request: Request) -> Response:
-        body = await read_body(request, AbortRequest, limit)
+        body = await read_body(request, AbortRequest, state.args)
         await state.front().abort(body.rid)
         return JSONResponse({"message": f"abort sent for {body.rid}"})
 

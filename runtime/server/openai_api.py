@@ -24,7 +24,6 @@ MAX_CHAT_TOP_LOGPROBS = 20
 
 
 def openai_routes(router: APIRouter, state: ServerState) -> None:
-    limit = state.args.max_body_bytes
 
     @router.get("/v1/models")
     async def models() -> Response:
@@ -36,7 +35,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await read_body(request, CompletionRequest, limit)
+        body = await read_body(request, CompletionRequest, state.args)
         body.refuse_unsupported()
         state.check_model(body.model)
         if body.echo:
@@ -63,7 +62,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        body = await read_body(request, ChatCompletionRequest, limit)
+        body = await read_body(request, ChatCompletionRequest, state.args)
         body.refuse_unsupported()
         state.check_model(body.model)
         if body.tool_choice not in ("auto", "none"):

@@ -196,13 +196,22 @@ def _result(task: asyncio.Future[Any]) -> Any:
         raise ApiError(getattr(e, "status", 400), str(e)) from None
 
 
-async def read_body(request: Request, kind: type, limit: int) -> Any:
-    """The request body decoded into `kind`, refusing bodies over `limit` bytes with 413."""
+async def read_body(request: Request, kind: type, args: ServerArgs) -> Any:
+    """The request body decoded into `kind`, refusing bodies over --max-body-bytes with 413 and
+    a body whose next piece takes longer than --body-timeout-s with 408."""
+    limit, timeout_s = args.max_body_bytes, args.body_timeout_s
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the body has {declared} bytes; the limit is {limit} (--max-body-bytes)")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(stream), timeout_s)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"the body stalled for {timeout_s:g} s (--body-timeout-s); send it at once") from None
         size += len(chunk)
         if size > limit:
             raise ApiError(413, f"the body is over the limit of {limit} bytes (--max-body-bytes)")
