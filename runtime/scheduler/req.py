@@ -46,6 +46,7 @@ class Req:
     prefix_matched: int = 0  # tree hit length at the last match, for LPM ordering
     skipped: int = 0  # times a later request was admitted first
     retractions: int = 0
+    admitted: bool = False  # counted in the prompt/cached token counters (once, at first admission)
     sent_ids: int = 0  # output ids already sent down the ring
     finish_reason: FinishReason | None = None
     constraint: Any = None  # grammar.Constraint of a constrained request

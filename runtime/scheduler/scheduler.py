@@ -62,6 +62,7 @@ class Scheduler:
         self.running: list[Req] = []  # decoding
         self.chunked: Req | None = None  # mid-prefill of a long prompt
         self.last_was_chunk = False
+        self.admit_one = False  # after a prefill could not reserve its KV: admit one request only
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._arrivals = 0
         self.counters = {"prefill_steps": 0, "decode_steps": 0, "retractions": 0, "prompt_tokens": 0,
@@ -216,17 +217,24 @@ class Scheduler:
             end = min(fill, prefix + min(chunk_cap, budget))
             future = int(req.remaining_new_tokens * self.new_token_ratio) if end == fill else 0
             cost = self.kv.pages_for(prefix, end) + future
-            if cost > room and (batch or self.running):
+            alone = not batch and not self.running
+            if cost > room and not alone:
                 break
+            before = self.kv.available()
             if not self.kv.attach(req):
                 break
-            if req.retractions == 0:
+            cost += before - self.kv.available()  # its prefix, now locked, can no longer be evicted
+            if cost > room and not alone:
+                self.kv.release(req)
+                break
+            if not req.admitted:
+                req.admitted = True
                 self.counters["prompt_tokens"] += len(req.origin_ids)
                 self.counters["cached_tokens"] += req.cached_tokens
             room -= cost
             budget -= end - req.kv_len
             batch.append((req, end))
-            if end < fill:
+            if end < fill or self.admit_one:
                 break  # a chunked prompt goes alone at the end of its batch
         admitted = {id(r) for r, _ in batch}
         for req in self.waiting:
@@ -253,9 +261,13 @@ class Scheduler:
         loc = self.kv.reserve(reqs, ends)
         if loc is None:  # only when memory estimates were off: put them back and decode
             self.chunked = None  # a requeued chunked prompt restarts from its cached prefix
-            for req in reqs:
-                self._requeue(req)
+            if len(reqs) == 1 and not self.running:
+                return [self._refuse_unfittable(reqs[0])]
+            for req in reversed(reqs):
+                self._put_back(req)
+            self.admit_one = True  # until a prefill succeeds: one request at a time, never the same batch
             return self._run_decode() if self.running else []
+        self.admit_one = False
         fills = [r.fill_ids() for r in reqs]
         new = [f[r.kv_len : e].tolist() for r, f, e in zip(reqs, fills, ends)]
         want = any(r.wants_prompt_logprobs for r in reqs)
@@ -427,6 +439,20 @@ class Scheduler:
         self._requeue(victim)
         self.counters["retractions"] += 1
         self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+
+    def _put_back(self, req: Req) -> None:
+        """Return a request whose prefill did not start to the head of the queue; it has not
+        run, so it keeps its place and recomputes nothing (prompt logprobs included)."""
+        if req.row >= 0:
+            self.kv.release(req)
+        req.input_logprobs, req.input_top_logprobs = [], []  # a restarted chunked prompt redoes them
+        self.waiting.insert(0, req)
+
+    def _refuse_unfittable(self, req: Req) -> ReqOut:
+        """End a request that cannot get its KV even with nothing else running."""
+        req.finish_reason = FinishAbort(message=f"the request needs more KV slots than the pool can free "
+                                                f"({self.kv.available()}); shorten it", status_code=400)
+        return self._finish(req)
 
     def _requeue(self, req: Req) -> None:
         if req.row >= 0:
