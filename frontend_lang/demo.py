@@ -53,6 +53,7 @@ def run_demo(args: ServerArgs) -> int:
     import uvicorn
 
     from arbor.runtime.server.app import create_app
+    from arbor.runtime.server.auth import Keys
     from arbor.runtime.server.connections import uvicorn_config
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per HTTP call of the openai client
@@ -66,9 +67,10 @@ def run_demo(args: ServerArgs) -> int:
     try:
         _wait_started(server, thread)
         print(RANDOM_WEIGHTS, "\n")
-        backend = RuntimeEndpoint(base, api_key=args.api_key)
+        key = Keys.load(args).first
+        backend = RuntimeEndpoint(base, api_key=key)
         _agent(backend)
-        _openai_calls(base, args.api_key)
+        _openai_calls(base, key)
         stats = backend.server_info()["stats"]
         print(f"radix cache hit rate: {100 * stats.get('cache_hit_rate', 0):.1f}% of prompt tokens "
               f"(fork branches, chat turns and select choices reuse earlier KV)")

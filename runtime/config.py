@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,9 +11,6 @@ from typing import Any
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     """A dataclass field carrying its CLI help text (and choices) as metadata."""
     return field(default=default, metadata={"help": help, "choices": choices})
-
-
-API_KEY_ENV = "ARBOR_API_KEY"
 
 
 @dataclass
@@ -71,7 +67,14 @@ class ServerArgs:
         "salts the radix cache, so different keys never share cached prefixes. A flag is visible "
         "to every local user in the process list: prefer --api-key-file or ARBOR_API_KEY."
     )
-    api_key_file: str | None = _opt(None, "File whose first line is the API key (instead of --api-key).")
+    api_key_file: str | None = _opt(
+        None, "File of API keys, one tenant a line: each its own cache namespace, aborting only its own "
+        "requests. ARBOR_API_KEY in the environment is one more tenant key."
+    )
+    admin_api_key_file: str | None = _opt(
+        None, "File whose first line is the admin key (or ARBOR_ADMIN_API_KEY): it may flush the cache and "
+        "abort any request. Without one, a lone tenant key is the admin key."
+    )
     enable_cache_report: bool = _opt(
         False, "Report cached prompt tokens in OpenAI usage (prompt_tokens_details); off by default, "
         "since it tells a caller how much of its prompt someone else sent before."
@@ -113,12 +116,6 @@ class ServerArgs:
     log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
 
     def __post_init__(self) -> None:
-        if self.api_key is None and self.api_key_file is not None:
-            with open(self.api_key_file, encoding="utf-8") as f:
-                self.api_key = f.readline().strip() or None
-            if self.api_key is None:
-                raise ValueError(f"the API key file {self.api_key_file} is empty")
-        self.api_key = self.api_key or os.environ.get(API_KEY_ENV) or None
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:

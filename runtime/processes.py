@@ -43,7 +43,7 @@ class ChildProcesses:
         self.endpoints = {name: self.ipc.endpoint(name) for name in ENDPOINTS}
         # The children never see the API key, and get their spec on stdin, not in argv
         # (which every local user can read in the process list).
-        self.spec = ChildSpec(args=dataclasses.replace(args, api_key=None, api_key_file=None),
+        self.spec = ChildSpec(args=dataclasses.replace(args, api_key=None, api_key_file=None, admin_api_key_file=None),
                               model_path=model_path, tokenizer_path=tokenizer_path, endpoints=self.endpoints)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 

@@ -26,6 +26,7 @@ class GenerateInput:
     return_text_in_logprobs: bool = False
     cache_salt: str | None = None
     rid: str | None = None
+    owner: str | None = None  # the tenant (API key) that sent it; rids are per owner
 
 
 def split_batch(text: Any, input_ids: Any, sampling_params: Any, **options: Any) -> tuple[list[GenerateInput], bool]:

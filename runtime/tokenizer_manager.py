@@ -83,7 +83,9 @@ class _Sample:
 
 @dataclass
 class Prepared:
-    """A validated, tokenized request ready to send; `rids` are its samples' ids."""
+    """A validated, tokenized request ready to send. `rids` are its samples' internal ids
+    (unique, never a client's); `label` is the rid the client gave (or the internal one), and
+    `owner` the tenant that sent it."""
 
     msg: TokenizedGenerateReq
     rids: list[str]
@@ -91,6 +93,8 @@ class Prepared:
     return_text_in_logprobs: bool = False
     unenforced: list[str] = field(default_factory=list)  # schema keywords validated after the fact
     stream_interval: int = 1  # a stream yields every this many tokens (and at the end)
+    label: str = ""
+    owner: str | None = None
 
 
 class TokenizerManager:
@@ -106,6 +110,7 @@ class TokenizerManager:
         self.info: dict[str, Any] = {}
         self.dead: str | None = None
         self._queues: dict[str, asyncio.Queue[TextOut | Exception]] = {}
+        self._labels: dict[tuple[str | None, str], str] = {}  # (owner, client rid) -> internal rid
         self._stats_waiters: list[asyncio.Future[dict[str, float]]] = []
         self._tasks: list[asyncio.Task[None]] = []
         # No token spells more characters than this, so a longer text surely needs more tokens.
@@ -161,26 +166,27 @@ class TokenizerManager:
         output, n, interval = self._output_options(raw)
         params = self._sampling(ids, raw)
         start = _logprob_args(req, len(ids))
-        rid = req.rid or uuid.uuid4().hex
+        rid = uuid.uuid4().hex
         rids = [rid] if n == 1 else [f"{rid}-{i}" for i in range(n)]
-        if any(r in self._queues for r in rids):
-            raise ValueError(f"request id {rid!r} is already in use; give a unique rid")
+        label = req.rid or rid
+        if (req.owner, label) in self._labels:
+            raise ValueError(f"request id {label!r} is already in use; give a unique rid")
         msg = TokenizedGenerateReq(
             rid=rid, input_ids=pack_ids(ids), sampling=params, n=n, stream=req.stream,
             return_logprob=req.return_logprob, logprob_start_len=start, top_logprobs_num=req.top_logprobs_num,
             cache_salt=req.cache_salt, output=output, constraint=constraint,
         )
         unenforced = plan(constraint).unenforced if constraint is not None else []
-        return Prepared(msg, rids, ids, req.return_text_in_logprobs, unenforced, interval)
+        return Prepared(msg, rids, ids, req.return_text_in_logprobs, unenforced, interval, label, req.owner)
 
     def prepare_batch(self, inputs: list[GenerateInput]) -> list[Prepared]:
         """`prepare` every prompt of a batch; its request ids must differ from each other."""
         prepared = [self.prepare(one) for one in inputs]
         seen: set[str] = set()
-        for rid in (r for p in prepared for r in p.rids):
-            if rid in seen:
-                raise ValueError(f"request id {rid!r} appears twice in this batch; give each prompt its own rid")
-            seen.add(rid)
+        for label in (p.label for p in prepared):
+            if label in seen:
+                raise ValueError(f"request id {label!r} appears twice in this batch; give each prompt its own rid")
+            seen.add(label)
         return prepared
 
     async def generate(self, req: GenerateInput) -> AsyncIterator[GenerateOutput]:
@@ -196,9 +202,10 @@ class TokenizerManager:
         Closing the iterator early aborts the request."""
         self._check_alive()
         msg, rids = prepared.msg, prepared.rids
-        taken = next((r for r in rids if r in self._queues), None)
-        if taken is not None:  # checked and registered in one step of the loop: no two owners
-            raise ValueError(f"request id {taken!r} is already in use; give a unique rid")
+        key = (prepared.owner, prepared.label)
+        if key in self._labels:  # checked and registered in one step of the loop: no two owners
+            raise ValueError(f"request id {prepared.label!r} is already in use; give a unique rid")
+        self._labels[key] = msg.rid
         queue: asyncio.Queue[TextOut | Exception] = asyncio.Queue()
         samples = {r: _Sample(i) for i, r in enumerate(rids)}
         for r in rids:
@@ -223,20 +230,26 @@ class TokenizerManager:
                     reason = item.finish_reason
                     if isinstance(reason, FinishAbort) and reason.status_code in REFUSALS:
                         raise RequestRefused(reason.message, reason.status_code)
-                    yield self._response(item.rid, s, prepared)
+                    yield self._response(s, prepared)
                 elif msg.stream and len(s.output_ids) - s.streamed >= prepared.stream_interval:
-                    yield self._response(item.rid, s, prepared)
+                    yield self._response(s, prepared)
         finally:
             for r in rids:
                 self._queues.pop(r, None)
+            self._labels.pop(key, None)
             if open_rids and self.dead is None:  # the caller went away: stop the work now
                 for r in sorted(open_rids):
                     await self.to_scheduler.send(AbortReq(rid=r))
 
-    async def abort(self, rid: str) -> None:
-        """Abort a running request by its exact rid (a no-op when it already finished)."""
+    async def abort(self, rid: str, owner: str | None = None, any_owner: bool = False) -> bool:
+        """Abort the running request that `owner` labelled `rid` (`any_owner`: whoever sent it);
+        whether one was found. Other tenants' requests are out of reach."""
         self._check_alive()
-        await self.to_scheduler.send(AbortReq(rid=rid))
+        found = [internal for (who, label), internal in self._labels.items()
+                 if label == rid and (any_owner or who == owner)]
+        for internal in found:
+            await self.to_scheduler.send(AbortReq(rid=internal))
+        return bool(found)
 
     async def stats(self) -> dict[str, float]:
         """The scheduler's counters (answered after every message sent before this call)."""
@@ -368,11 +381,12 @@ class TokenizerManager:
                 fut.set_exception(exc)
         self._stats_waiters.clear()
 
-    def _response(self, rid: str, s: _Sample, prepared: Prepared) -> GenerateOutput:
+    def _response(self, s: _Sample, prepared: Prepared) -> GenerateOutput:
         last = s.last
         assert last is not None
         msg = prepared.msg
-        meta = MetaInfo(id=rid, finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
+        label = prepared.label if msg.n == 1 else f"{prepared.label}-{s.index}"
+        meta = MetaInfo(id=label, finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
                         completion_tokens=len(s.output_ids), cached_tokens=last.cached_tokens)
         if msg.return_logprob:
             entry = self._logprob_entry if prepared.return_text_in_logprobs else _bare_entry

@@ -6,7 +6,6 @@ The OpenAI routes live in `openai_api.py`; both share `state.py`.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,11 +16,12 @@ from fastapi.responses import JSONResponse, Response
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.outputs import GenerateOutput, StreamShaper
 from arbor.runtime.request import GenerateInput, split_batch
+from arbor.runtime.server.auth import Keys
 from arbor.runtime.server.chat import role_markers
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.openai_api import openai_routes
 from arbor.runtime.server.protocol import AbortRequest, GenerateRequest
-from arbor.runtime.server.state import ServerState, read_body, sse
+from arbor.runtime.server.state import ServerState, caller_of, read_body, sse
 from arbor.runtime.tokenizer_manager import EngineDead, Prepared
 
 logger = logging.getLogger("arbor.server")
@@ -64,7 +64,7 @@ def create_app(args: ServerArgs) -> FastAPI:
             pass
         return JSONResponse({"status": "ok"})
 
-    guarded = APIRouter(dependencies=[Depends(_auth(args.api_key))])
+    guarded = APIRouter(dependencies=[Depends(_auth(state.keys))])
     _native_routes(guarded, state)
     openai_routes(guarded, state)
     app.include_router(guarded)
@@ -76,14 +76,15 @@ def create_app(args: ServerArgs) -> FastAPI:
     return app
 
 
-def _auth(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+def _auth(keys: Keys) -> Callable[[Request], Awaitable[None]]:
     async def check(request: Request) -> None:
-        if api_key is None:
+        if not keys.enabled:
             return
-        header = request.headers.get("authorization", "")
-        if not hmac.compare_digest(header.encode(), f"Bearer {api_key}".encode()):  # constant time
+        caller = keys.caller(request.headers.get("authorization", ""))
+        if caller is None:
             raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
                            "authentication_error")
+        request.state.caller = caller
     return check
 
 
@@ -93,13 +94,14 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
     async def generate(request: Request) -> Response:
         body = await read_body(request, GenerateRequest, state.args)
         body.refuse_unsupported()
+        caller = caller_of(request)
         state.check_model(body.model)
         try:
             inputs, single = split_batch(
                 body.text, body.input_ids, body.sampling_params, stream=body.stream, rid=body.rid,
                 return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
                 top_logprobs_num=body.top_logprobs_num, return_text_in_logprobs=body.return_text_in_logprobs,
-                cache_salt=state.salt(body.cache_salt, _one_key(body.extra_key)))
+                cache_salt=state.salt(caller, body.cache_salt, _one_key(body.extra_key)), owner=caller.tenant)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if body.stream and not single:
@@ -124,15 +126,19 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
                              "chat_roles": role_markers(state.tokenizer), **front.info})
 
     @router.post("/flush_cache")
-    async def flush_cache() -> Response:
+    async def flush_cache(request: Request) -> Response:
+        if not caller_of(request).admin:
+            raise ApiError(403, "flushing the cache needs the admin key (--admin-api-key-file)", "permission_error")
         stats = await state.front().flush_cache()
         return JSONResponse({"message": "cache flushed", "cached_tokens": stats.get("cache_tokens", 0)})
 
     @router.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         body = await read_body(request, AbortRequest, state.args)
-        await state.front().abort(body.rid)
-        return JSONResponse({"message": f"abort sent for {body.rid}"})
+        caller = caller_of(request)
+        found = await state.front().abort(body.rid, caller.tenant, any_owner=caller.admin)
+        message = f"abort sent for {body.rid}" if found else f"no running request of yours has rid {body.rid!r}"
+        return JSONResponse({"message": message, "found": found})
 
     @router.get("/get_server_info")
     @router.get("/server_info")

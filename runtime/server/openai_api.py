@@ -16,7 +16,7 @@ from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
 from arbor.runtime.request import GenerateInput
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
-from arbor.runtime.server.state import ServerState, read_body, sse
+from arbor.runtime.server.state import ServerState, caller_of, read_body, sse
 from arbor.runtime.tokenizer_manager import Prepared
 
 MAX_COMPLETION_LOGPROBS = 5
@@ -46,8 +46,10 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         prompts = _completion_prompts(body.prompt)
         params = _sampling(body, body.max_tokens, "max_tokens") | _constraint(regex=body.regex,
                                                                               json_schema=body.json_schema)
-        salt = state.salt(body.cache_salt, body.extra_key)
-        inputs = [_input(p, params, body.stream, k, salt, body.rid if len(prompts) == 1 else None) for p in prompts]
+        caller = caller_of(request)
+        salt = state.salt(caller, body.cache_salt, body.extra_key)
+        rid = body.rid if len(prompts) == 1 else None
+        inputs = [_input(p, params, body.stream, k, salt, rid, caller.tenant) for p in prompts]
         prepared = await state.prepare(inputs)
         meta = _Meta("cmpl", state.model_name)
         if body.stream:
@@ -80,7 +82,9 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
             raise ApiError(400, "messages is empty; give at least one message", param="messages")
         ids = await state.encode_chat([_message(m) for m in body.messages])
         k = (top or 0) if body.logprobs else None
-        one = _input(ids, params, body.stream, k, state.salt(body.cache_salt, body.extra_key), body.rid)
+        caller = caller_of(request)
+        one = _input(ids, params, body.stream, k, state.salt(caller, body.cache_salt, body.extra_key), body.rid,
+                     caller.tenant)
         prepared = await state.prepare([one])
         meta = _Meta("chatcmpl", state.model_name)
         if body.stream:
@@ -156,11 +160,11 @@ def _constraint(**kinds: str | None) -> dict[str, Any]:
 
 
 def _input(prompt: Any, params: dict[str, Any], stream: bool, k: int | None, salt: str | None,
-           rid: str | None) -> GenerateInput:
+           rid: str | None, owner: str | None) -> GenerateInput:
     text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
     return GenerateInput(text=text, input_ids=ids, sampling_params=dict(params), stream=stream,
                          return_logprob=k is not None, top_logprobs_num=k or 0,
-                         return_text_in_logprobs=k is not None, cache_salt=salt, rid=rid)
+                         return_text_in_logprobs=k is not None, cache_salt=salt, rid=rid, owner=owner)
 
 
 def _message(m: Any) -> dict[str, Any]:

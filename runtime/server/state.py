@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -21,6 +20,7 @@ from arbor.runtime.config import ServerArgs
 from arbor.runtime.outputs import GenerateOutput
 from arbor.runtime.processes import ChildProcesses
 from arbor.runtime.request import GenerateInput
+from arbor.runtime.server.auth import OPEN, Caller, Keys
 from arbor.runtime.server.chat import ChatTokenizer
 from arbor.runtime.server.errors import ApiError, decode
 from arbor.runtime.server.metrics import Metrics
@@ -56,8 +56,7 @@ class ServerState:
         self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="arbor-tokenizer")
         self._watcher: asyncio.Task[None] | None = None
         self.inflight = 0
-        # Each API key gets its own cache namespace; the request's cache_salt refines it.
-        self.key_salt = hashlib.sha256(args.api_key.encode()).hexdigest()[:16] if args.api_key else None
+        self.keys = Keys.load(args)
 
     async def start(self) -> None:
         self.manager = TokenizerManager(self.args, self.tokenizer, self.children)
@@ -93,12 +92,12 @@ class ServerState:
             raise ApiError(503, f"the runtime is not available: {reason}", "server_error")
         return self.manager
 
-    def salt(self, cache_salt: str | None, extra_key: str | None = None) -> str | None:
-        """The cache namespace: the API key's, refined by cache_salt and SGLang's extra_key."""
+    def salt(self, caller: Caller, cache_salt: str | None, extra_key: str | None = None) -> str | None:
+        """The cache namespace: the caller's tenant, refined by cache_salt and SGLang's extra_key."""
         for name, value in (("cache_salt", cache_salt), ("extra_key", extra_key)):
             if value is not None and (not isinstance(value, str) or len(value) > 256):
                 raise ApiError(400, f"{name} must be a string of at most 256 characters", param=name)
-        parts = [p for p in (self.key_salt, cache_salt, extra_key) if p]
+        parts = [p for p in (caller.tenant, cache_salt, extra_key) if p]
         return ":".join(parts) or None
 
     def check_model(self, model: str | None) -> None:
@@ -236,3 +235,8 @@ def sse(events: AsyncIterator[dict[str, Any]], done: bool = True) -> StreamingRe
             yield b"data: [DONE]\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def caller_of(request: Request) -> Caller:
+    """Who sent `request` (set by the auth check; an open server has one all-powerful caller)."""
+    return getattr(request.state, "caller", OPEN)

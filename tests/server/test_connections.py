@@ -16,7 +16,7 @@ def _closed_within(sock: socket.socket, seconds: float) -> bool:
         while sock.recv(4096):
             pass
         return True
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return False
     except ConnectionResetError:
         return True

@@ -72,3 +72,32 @@ def _parent(proc_dir) -> int:
         return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return -1
+
+
+def test_tenants_have_their_own_caches_rids_and_aborts(launch, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("tenant-a-key\ntenant-b-key\n")
+    admin = tmp_path / "admin"
+    admin.write_text("admin-key\n")
+    server = launch("--api-key-file", str(keys), "--admin-api-key-file", str(admin))
+    a, b = "tenant-a-key", "tenant-b-key"
+    prompt = {"input_ids": list(range(3000, 3100)), "sampling_params": {"max_new_tokens": 1}}
+    server.request("POST", "/generate", prompt, key=a)
+    assert server.request("POST", "/generate", prompt, key=a)[1]["meta_info"]["cached_tokens"] == 99
+    assert server.request("POST", "/generate", prompt, key=b)[1]["meta_info"]["cached_tokens"] == 0
+
+    async def scenario() -> tuple:
+        loop = asyncio.get_running_loop()
+        long = {"text": "x", "rid": "shared-rid", "sampling_params": {"max_new_tokens": 300, "ignore_eos": True}}
+        running = loop.run_in_executor(None, lambda: server.request("POST", "/generate", long, key=a))
+        await asyncio.sleep(0.5)
+        other = server.request("POST", "/generate", {**long, "sampling_params": {"max_new_tokens": 2}}, key=b)
+        stranger = server.request("POST", "/abort_request", {"rid": "shared-rid"}, key=b)
+        return (await running)[1], other, stranger
+
+    finished, other, stranger = asyncio.run(scenario())
+    assert other[0] == 200  # the same rid under another tenant is another request
+    assert stranger[1]["found"] is False and finished["meta_info"]["finish_reason"]["type"] == "length"
+    assert server.request("POST", "/flush_cache", key=a)[0] == 403
+    assert server.request("POST", "/flush_cache", key="admin-key")[0] == 200
+    assert server.request("GET", "/get_model_info", key="nobody")[0] == 401
