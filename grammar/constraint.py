@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import msgspec
+import re2
 
 from arbor.grammar.json_schema import RegexPlan, any_json_regex, regex_for_choices, schema_to_regex
 from arbor.grammar.regex_parts import SchemaError
@@ -84,14 +85,43 @@ def plan(constraint: Constraint) -> RegexPlan:
 
 
 def check_output(constraint: Constraint | None, text: str, unenforced: list[str]) -> dict[str, Any]:
-    """Validate a finished output against the keywords its regex could not enforce."""
+    """Validate a finished output against the keywords its regex could not enforce. Schema
+    patterns run on RE2, in time linear in the text: a backtracking pattern cannot stall
+    the caller (the server's event loop)."""
     import jsonschema
 
     result: dict[str, Any] = {"unenforced": unenforced, "valid": True, "error": None}
     if constraint is None or constraint.kind != "json_schema":
         return result
+    schema = json.loads(constraint.text)
     try:
-        jsonschema.validate(json.loads(text), json.loads(constraint.text))
-    except (json.JSONDecodeError, jsonschema.ValidationError, jsonschema.SchemaError) as exc:
+        _linear_validator(schema).validate(json.loads(text))
+    except (json.JSONDecodeError, jsonschema.ValidationError, jsonschema.SchemaError, re2.error) as exc:
         result.update(valid=False, error=str(exc).split("\n")[0][:300])
     return result
+
+
+def _linear_validator(schema: Any) -> Any:
+    """A jsonschema validator for `schema` whose `pattern` and `patternProperties` use RE2."""
+    import jsonschema
+
+    def pattern(validator: Any, regex: str, instance: Any, _schema: Any) -> Any:
+        if validator.is_type(instance, "string") and not _re2(regex).search(instance):
+            yield jsonschema.ValidationError(f"{instance[:80]!r} does not match {regex!r}")
+
+    def pattern_properties(validator: Any, patterns: dict[str, Any], instance: Any, _schema: Any) -> Any:
+        if not validator.is_type(instance, "object"):
+            return
+        for regex, subschema in patterns.items():
+            for key, value in instance.items():
+                if _re2(regex).search(key):
+                    yield from validator.descend(value, subschema, path=key, schema_path=regex)
+
+    base = jsonschema.validators.validator_for(schema)
+    linear = jsonschema.validators.extend(base, {"pattern": pattern, "patternProperties": pattern_properties})
+    return linear(schema)
+
+
+@functools.lru_cache(maxsize=256)
+def _re2(regex: str) -> Any:
+    return re2.compile(regex)

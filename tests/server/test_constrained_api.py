@@ -85,3 +85,24 @@ def test_a_constraint_that_fails_to_compile_is_a_400_on_both_apis_and_fails_fast
     assert status == 400 and "longer than 0.3 s" in out["error"]["message"]
     assert time.perf_counter() - started < 0.3  # remembered: no worker is held for it again
     assert server.request("POST", "/generate", {"text": "a", "sampling_params": {"regex": "[0-9]{3}"}})[0] == 200
+
+
+def test_a_backtracking_not_pattern_cannot_stall_the_server(server):
+    import threading
+    import time
+
+    schema = {"type": "string", "pattern": "^a{26}$", "not": {"pattern": "^(a+)+b$"}}
+    body = {"text": "a", "sampling_params": {"json_schema": schema, "max_new_tokens": 40}}
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(out=server.request("POST", "/generate", body)))
+    started = time.perf_counter()
+    worker.start()
+    slowest = 0.0
+    while worker.is_alive() and time.perf_counter() - started < 60:
+        t0 = time.perf_counter()
+        assert server.request("GET", "/health", key=None)[0] == 200
+        slowest = max(slowest, time.perf_counter() - t0)
+    worker.join(60)
+    status, out = result["out"]
+    assert status == 200 and out["meta_info"]["schema_check"]["valid"] is True, out
+    assert slowest < 0.5
