@@ -20,6 +20,7 @@ from arbor.runtime.server.auth import Keys
 from arbor.runtime.server.chat import role_markers
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.openai_api import openai_routes
+from arbor.runtime.server.openapi import install_openapi
 from arbor.runtime.server.protocol import AbortRequest, GenerateRequest
 from arbor.runtime.server.state import ServerState, caller_of, read_body, sse
 from arbor.runtime.tokenizer_manager import EngineDead, Prepared
@@ -68,6 +69,7 @@ def create_app(args: ServerArgs) -> FastAPI:
     _native_routes(guarded, state)
     openai_routes(guarded, state)
     app.include_router(guarded)
+    install_openapi(app, state.keys.enabled)
 
     @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
     async def unknown(path: str) -> Response:
