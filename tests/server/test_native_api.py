@@ -89,6 +89,75 @@ BAD_INPUTS = [
     ("empty stop string", "POST", "/generate", {"text": "a", "sampling_params": {"stop": [""]}}, 400, "stop must"),
     ("oversize body", "POST", "/generate", {"text": LONG}, 413, "limit"),
     ("unknown model", "POST", "/v1/completions", {"model": "gpt-9", "prompt": "a"}, 404, "does not exist"),
+    # more types, ranges and shapes
+    ("text list with a number", "POST", "/generate", {"text": ["a", 5]}, 400, "invalid request"),
+    ("input_ids batch with an empty prompt", "POST", "/generate", {"input_ids": [[1, 2], []]}, 400, "empty"),
+    ("input_ids nested too deep", "POST", "/generate", {"input_ids": [[[1]]]}, 400, "input_ids"),
+    ("boolean token id", "POST", "/generate", {"input_ids": [True, 2]}, 400, "input_ids"),
+    ("sampling_params a list for one prompt", "POST", "/generate", {"text": "a", "sampling_params": [{}, {}]},
+     400, "2 entries for 1 prompts"),
+    ("sampling_params a string", "POST", "/generate", {"text": "a", "sampling_params": "greedy"}, 400,
+     "invalid request"),
+    ("max_new_tokens a string", "POST", "/generate", {"text": "a", "sampling_params": {"max_new_tokens": "8"}},
+     400, "max_new_tokens must be"),
+    ("max_new_tokens a float", "POST", "/generate", {"text": "a", "sampling_params": {"max_new_tokens": 8.5}},
+     400, "max_new_tokens must be"),
+    ("top_p above one", "POST", "/generate", {"text": "a", "sampling_params": {"top_p": 1.5}}, 400, "top_p"),
+    ("min_p negative", "POST", "/generate", {"text": "a", "sampling_params": {"min_p": -0.1}}, 400, "min_p"),
+    ("frequency penalty too big", "POST", "/generate", {"text": "a", "sampling_params": {"frequency_penalty": 3}},
+     400, "frequency_penalty"),
+    ("repetition penalty zero", "POST", "/generate", {"text": "a", "sampling_params": {"repetition_penalty": 0}},
+     400, "repetition_penalty"),
+    ("min_new_tokens negative", "POST", "/generate", {"text": "a", "sampling_params": {"min_new_tokens": -2}},
+     400, "min_new_tokens"),
+    ("ignore_eos not a boolean", "POST", "/generate", {"text": "a", "sampling_params": {"ignore_eos": "yes"}},
+     400, "ignore_eos"),
+    ("n of zero", "POST", "/generate", {"text": "a", "sampling_params": {"n": 0}}, 400, "n must be"),
+    ("stop of a number", "POST", "/generate", {"text": "a", "sampling_params": {"stop": 5}}, 400, "stop must"),
+    ("too many stop strings", "POST", "/generate", {"text": "a", "sampling_params": {"stop": ["x"] * 40}}, 400,
+     "at most 16"),
+    ("too many stop token ids", "POST", "/generate",
+     {"text": "a", "sampling_params": {"stop_token_ids": list(range(300))}}, 400, "at most 256"),
+    ("stream_interval of zero", "POST", "/generate", {"text": "a", "sampling_params": {"stream_interval": 0}},
+     400, "stream_interval"),
+    ("no_stop_trim not a boolean", "POST", "/generate", {"text": "a", "sampling_params": {"no_stop_trim": 1}},
+     400, "no_stop_trim"),
+    ("negative top_logprobs_num", "POST", "/generate", {"text": "a", "return_logprob": True, "top_logprobs_num": -1},
+     400, "top_logprobs_num"),
+    ("logprob_start_len below -1", "POST", "/generate", {"text": "a", "return_logprob": True, "logprob_start_len": -5},
+     400, "logprob_start_len"),
+    ("rid list for one prompt too long", "POST", "/generate", {"text": "a", "rid": ["x", "y"]}, 400, "rid"),
+    ("a single rid for a batch", "POST", "/generate", {"text": ["a", "b"], "rid": "x"}, 400, "rid"),
+    ("cache_salt too long", "POST", "/generate", {"text": "a", "cache_salt": "s" * 300}, 400, "cache_salt"),
+    ("extra_key differing in a batch", "POST", "/generate", {"text": ["a", "b"], "extra_key": ["k1", "k2"]}, 400,
+     "extra_key"),
+    ("generate for another model", "POST", "/generate", {"text": "a", "model": "gpt-9"}, 404, "does not exist"),
+    ("json_schema of a number", "POST", "/generate", {"text": "a", "sampling_params": {"json_schema": 5}}, 400,
+     "json_schema"),
+    ("empty choices", "POST", "/generate", {"text": "a", "sampling_params": {"choices": []}}, 400, "non-empty"),
+    ("json_object false", "POST", "/generate", {"text": "a", "sampling_params": {"json_object": False}}, 400,
+     "json_object"),
+    ("abort without rid", "POST", "/abort_request", {}, 400, "rid"),
+    ("completion prompt of mixed types", "POST", "/v1/completions", {"model": "MODEL", "prompt": ["a", [1]]}, 400,
+     "prompt"),
+    ("completion empty prompt list", "POST", "/v1/completions", {"model": "MODEL", "prompt": []}, 400, "prompt"),
+    ("completion echo", "POST", "/v1/completions", {"model": "MODEL", "prompt": "a", "echo": True}, 400, "echo"),
+    ("completion best_of", "POST", "/v1/completions", {"model": "MODEL", "prompt": "a", "best_of": 3}, 400,
+     "best_of is not supported"),
+    ("completion unknown field", "POST", "/v1/completions", {"model": "MODEL", "prompt": "a", "temprature": 0}, 400,
+     "temprature"),
+    ("chat content parts with an image", "POST", "/v1/chat/completions", {"model": "MODEL", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "text content"),
+    ("chat n too big", "POST", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "n": 500}, 400, "n must be"),
+    ("chat logit_bias", "POST", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "logit_bias": {"5": 1}}, 400,
+     "logit_bias is not supported"),
+    ("chat response_format of an unknown type", "POST", "/v1/chat/completions",
+     {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "response_format": {"type": "xml"}}, 400,
+     "invalid request"),
+    ("chat for another model", "POST", "/v1/chat/completions",
+     {"model": "gpt-9", "messages": [{"role": "user", "content": "a"}]}, 404, "does not exist"),
     ("unsupported field set", "POST", "/generate", {"text": "a", "lora_path": "adapter"}, 400,
      "lora_path is not supported"),
     ("custom logit processor", "POST", "/generate", {"text": "a", "custom_logit_processor": "x"}, 400,
@@ -150,6 +219,7 @@ def test_bad_input_gets_a_clear_4xx(server, case):
     assert fragment in error["message"] and error["code"] == status
     ok, out = server.request("POST", "/generate", {"text": "still up", "sampling_params": {"max_new_tokens": 2}})
     assert ok == 200 and out["meta_info"]["completion_tokens"] <= 2
+    assert server.request("GET", "/get_server_info")[1]["stats"]["invariant_ok"] == 1.0
 
 
 def test_missing_api_key_is_401_but_health_is_open(server):
@@ -311,3 +381,10 @@ def test_a_cumulative_stream_too_heavy_in_logprobs_is_refused_with_the_way_out(s
     status, out = server.request("POST", "/generate", body)
     assert status == 400 and "--incremental-streaming-output" in out["error"]["message"]
     assert len(server.sse("/generate", {**body, "sampling_params": {"max_new_tokens": 8, "stream_interval": 4}})) > 1
+
+
+def test_docs_list_every_bad_input_case():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    assert [c[0] for c in BAD_INPUTS if f"| {c[0]} |" not in doc] == []
