@@ -9,6 +9,7 @@ schema is refused, so a typo is an error rather than silently ignored.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar, Literal
 
 import msgspec
@@ -22,7 +23,7 @@ class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def refuse_unsupported(self) -> None:
         """400 for the first default-only field set to anything but its default (or null)."""
-        defaults = {f.name: f.default for f in msgspec.structs.fields(self)}
+        defaults = _defaults(type(self))
         for name in self.DEFAULT_ONLY:
             value, default = getattr(self, name), defaults[name]
             if value is None or value == default:
@@ -32,6 +33,12 @@ class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
                                     "client sends. Remove the field", param=name)
             raise ApiError(400, f"{name} is not supported by Arbor (got {_short(value)}); omit it or send its "
                                 f"default {default!r}", param=name)
+
+
+@functools.cache
+def _defaults(kind: type) -> dict[str, Any]:
+    """Field defaults of a body Struct, computed once (msgspec resolves annotations each call)."""
+    return {f.name: f.default for f in msgspec.structs.fields(kind)}
 
 
 def _short(value: Any) -> str:
