@@ -185,6 +185,9 @@ class Scheduler:
                 outs.append(self._finish(req))
             else:
                 outs.append(self._out(req))
+        problem = self.check_invariant()
+        if problem:
+            logger.error("INVARIANT VIOLATED after a failed batch: %s", problem)
         return outs
 
     def _prefill_batch(self) -> list[tuple[Req, int]]:
