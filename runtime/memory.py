@@ -69,11 +69,13 @@ class PageAllocator:
 
 
 class ReqToTokenPool:
-    """[max_requests, max_context_len] int32 table: the KV slot of each request position."""
+    """[max_requests, max_context_len] int32 table: the KV slot of each request position.
+    Slots are handed out in whole pages of `page_size`, so a page's positions are consecutive."""
 
-    def __init__(self, max_requests: int, max_context_len: int, device: torch.device) -> None:
+    def __init__(self, max_requests: int, max_context_len: int, device: torch.device, page_size: int = 1) -> None:
         self.table = torch.zeros((max_requests, max_context_len), dtype=torch.int32, device=device)
         self.max_context_len = max_context_len
+        self.page_size = page_size
         self._free = list(range(max_requests - 1, -1, -1))
 
     def available(self) -> int:

@@ -63,7 +63,7 @@ class ModelRunner:
         num_slots = self._kv_slots(args)
         self.kv_pool = KVPool(num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
         self.allocator = PageAllocator(num_slots, ps)
-        self.req_to_token = ReqToTokenPool(args.max_running_requests, table_width, self.device)
+        self.req_to_token = ReqToTokenPool(args.max_running_requests, table_width, self.device, ps)
         self.attn_backend = create_backend(
             args.attention_backend, self.kv_pool, self.req_to_token, cfg.head_dim**-0.5
         )
