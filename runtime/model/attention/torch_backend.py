@@ -19,7 +19,12 @@ import torch
 import torch.nn.functional as F
 
 from arbor.runtime.model.attention.base import AttentionBackend
-from arbor.runtime.model.attention.cascade import SharedPrefix, attend_with_lse, find_shared_prefixes, merge_lse
+from arbor.runtime.model.attention.cascade import (
+    SharedPrefix,
+    attend_with_lse,
+    find_shared_prefixes,
+    merge_lse,
+)
 from arbor.runtime.model.forward_batch import ForwardBatch
 
 GROUPS = 8  # a batch is split into at most this many length-sorted groups...
