@@ -1,5 +1,12 @@
-"""Offline throughput of Arbor's Engine vs transformers `generate`, same checkpoint and dtype.
+"""Offline throughput: Arbor beside vLLM's CPU build, llama.cpp's server and transformers,
+then Arbor's own radix-cache and scheduler-overhead checks.
 
+(peers) on the transformers-written peer checkpoint (`benchmarks/peers.py` says where each
+    system comes from and how it is run), every system sent all requests at once over
+    /v1/completions, median of `--repeats` runs:
+    W1 mixed (64 requests, in 32-256, out 16-128), W2 (a shared 1,024-token prefix,
+    32 x (32 in, 32 out)), and a multi-turn chat replay (8 conversations x 4 turns).
+    transformers runs W1 and W2 in-process (`generate`, best batch size).
 (a) mixed: seeded requests (input 32-512, output 16-256 tokens, ignore_eos); transformers runs
     length-sorted, padded batches at the best of several batch sizes (tried on a sample).
 (b) few-shot (one shared ~1,500-token prefix + short questions) and multi-turn chat
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -31,6 +39,7 @@ from arbor.runtime.engine import Engine
 from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+JSON = OUT / "bench_offline.json"
 SPEC = TinySpec(arch="llama", layers=8, hidden=512, heads=8, kv_heads=4)
 VOCAB = 50000
 Workload = list[tuple[list[int], int]]  # (prompt ids, output tokens)
@@ -218,6 +227,95 @@ def run_overhead(path: Path, dtype: str, batch: int, steps: int) -> dict[str, An
             "overhead_ms_p90": sorted(rest)[int(0.9 * len(rest))] * 1e3, "sample_ms_last": sample_ms}
 
 
+# -------------------------------------------------------------------- peers
+
+PEER_WORKLOADS = ("W1", "W2", "chat")
+
+
+def run_peers(systems: list[str], repeats: int, hf_sizes: str) -> dict[str, Any]:
+    """W1, W2 and the chat replay on every available system, medians of `repeats` runs."""
+    import peers
+
+    dtype = peers.dtype_name()
+    absent = peers.absent_peers()
+    out: dict[str, Any] = {"dtype": dtype, "cpus": os.cpu_count(), "skipped": dict(absent), "systems": {}}
+    if "all peers" in absent:
+        return out
+
+    def median_of(fn: Any, *a: Any) -> dict[str, float]:
+        runs = [fn(*a) for _ in range(repeats)]
+        return {**min(runs, key=lambda x: abs(x["wall_s"] - statistics.median(r["wall_s"] for r in runs))),
+                "runs_tok_s": [r["tok_s"] for r in runs]}
+
+    def served(name: str, server: Any, workloads: tuple[str, ...]) -> None:
+        with server as system:
+            for w in workloads:
+                fn = peers.chat_trace if w == "chat" else peers.throughput
+                args = (system,) if w == "chat" else (system, peers.w1() if w == "W1" else peers.w2())
+                out["systems"].setdefault(name, {})[w] = median_of(fn, *args) | {"notes": system.notes}
+                print(f"  {name:24} {w:5} {out['systems'][name][w]['tok_s']:8.1f} tok/s", flush=True)
+
+    for name in systems:
+        if name in absent:
+            continue
+        if name == "arbor":
+            served("arbor", peers.arbor(dtype), PEER_WORKLOADS)
+        elif name == "vllm":
+            served("vllm (1 thread, default)", peers.vllm(dtype), PEER_WORKLOADS)
+        elif name == "vllm-omp":
+            served(f"vllm (OMP_NUM_THREADS={os.cpu_count()})", peers.vllm(dtype, os.cpu_count()), PEER_WORKLOADS)
+        elif name == "llama-server":
+            for slots, workloads in ((16, ("W1",)), (4, ("W2",)), (8, ("chat",))):
+                served("llama-server", peers.llama_server(dtype, slots), workloads)
+        elif name == "transformers":
+            out["systems"]["transformers"] = run_hf_peer(dtype, repeats, [int(x) for x in hf_sizes.split(",")])
+    return out
+
+
+def run_hf_peer(dtype: str, repeats: int, sizes: list[int]) -> dict[str, Any]:
+    """transformers `generate` on W1 and W2 in-process, at its best batch size."""
+    import peers
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(peers.CKPT, dtype=getattr(torch, dtype)).eval()
+    hf_run(model, peers.warmup(), 1)
+    res = {}
+    for name, work in (("W1", peers.w1()), ("W2", peers.w2())):
+        best, _ = best_hf_batch(model, work, sizes)
+        tokens = sum(o for _, o in work)
+        runs = [tokens / hf_run(model, work, best)[0] for _ in range(repeats)]
+        res[name] = {"tok_s": statistics.median(runs), "runs_tok_s": runs, "notes": f"batch {best}"}
+        print(f"  {'transformers':24} {name:5} {res[name]['tok_s']:8.1f} tok/s", flush=True)
+    return res
+
+
+def report_peers(p: dict[str, Any]) -> None:
+    print(f"\npeers: {p['dtype']} for every system, {p['cpus']} CPUs, output tokens/s (median)")
+    for name, why in p["skipped"].items():
+        print(f"  skipped {name}: {why}")
+    print(f"  {'system':26}" + "".join(f"{w:>10}" for w in PEER_WORKLOADS) + "   Arbor vs best peer")
+    best = {w: max((v[w]["tok_s"] for k, v in p["systems"].items() if k != "arbor" and w in v), default=0)
+            for w in PEER_WORKLOADS}
+    for name, row in p["systems"].items():
+        print(f"  {name:26}" + "".join(f"{row[w]['tok_s']:>10.1f}" if w in row else f"{'-':>10}"
+                                       for w in PEER_WORKLOADS))
+    if "arbor" in p["systems"]:
+        a = p["systems"]["arbor"]
+        print("  Arbor / best peer: " + ", ".join(f"{w} {a[w]['tok_s'] / best[w]:.2f}x" for w in PEER_WORKLOADS
+                                                  if w in a and best[w]))
+
+
+def chart_peers(axes: Any, p: dict[str, Any]) -> None:
+    names = list(p["systems"])
+    for ax, w in zip(axes, PEER_WORKLOADS):
+        have = [n for n in names if w in p["systems"][n]]
+        ax.bar(range(len(have)), [p["systems"][n][w]["tok_s"] for n in have],
+               color=["C0" if n == "arbor" else "C7" for n in have])
+        ax.set_xticks(range(len(have)), [n.replace(" (", "\n(") for n in have], fontsize=7)
+        ax.set_title(f"{w} ({p['dtype']}), peer checkpoint")
+        ax.set_ylabel("output tokens/s")
+
+
 # ----------------------------------------------------------------- report
 
 
@@ -232,7 +330,21 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto",
                     help="auto = bfloat16 where the CPU has fast bf16 (avx512_bf16/AMX), else float32")
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--sections", default="peers,cache,overhead",
+                    help="comma-separated: peers (vs vLLM/llama.cpp/transformers), cache (radix on/off), overhead")
+    ap.add_argument("--systems", default="arbor,vllm,vllm-omp,llama-server,transformers",
+                    help="systems of the peers section")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per workload in the peers section (median)")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    result: dict[str, Any] = json.loads(JSON.read_text()) if JSON.exists() and not args.quick else {}
+    if "peers" in sections:
+        result["peers"] = run_peers(args.systems.split(","), args.repeats, args.hf_batch_sizes)
+        report_peers(result["peers"])
+        if not args.quick:
+            save(result)
+    if not sections & {"cache", "overhead"}:
+        return
     if args.quick:
         args.requests, args.fewshot_requests, args.conversations, args.turns = 32, 16, 4, 3
         args.hf_batch_sizes = "8,16"
@@ -244,27 +356,34 @@ def main() -> None:
     path = make_tiny_model(Path(tempfile.mkdtemp()) / "medium", SPEC)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype)).eval()
     sizes = [int(x) for x in args.hf_batch_sizes.split(",")]
-    common = {"dtype": args.dtype, "max_running_requests": args.max_running, "max_total_tokens": 300_000}
-    with Engine(str(path), **common) as on, Engine(str(path), disable_radix_cache=True, **common) as off:
-        arbor_run(on, mixed_workload(8, seed=99))  # warm-up
-        arbor_run(off, mixed_workload(8, seed=99))
-        mixed = run_mixed(on, model, args.requests, sizes)
-        engines = {"cache_on": on, "cache_off": off}
-        fewshot = run_fewshot(engines, model, args.fewshot_requests, mixed["transformers_batch"])
-        multiturn = run_multiturn(engines, model, args.conversations, args.turns, mixed["transformers_batch"])
-    overhead = run_overhead(path, args.dtype, 256, 50 if not args.quick else 10)
-    result = {"spec": {"layers": SPEC.layers, "hidden": SPEC.hidden, "heads": SPEC.heads, "kv_heads": SPEC.kv_heads},
-              "dtype": args.dtype, "threads": torch.get_num_threads(), "quick": args.quick,
-              "mixed": mixed, "fewshot": fewshot, "multiturn": multiturn, "overhead": overhead}
-    report(result)
+    if "cache" in sections:
+        common = {"dtype": args.dtype, "max_running_requests": args.max_running, "max_total_tokens": 300_000}
+        with Engine(str(path), **common) as on, Engine(str(path), disable_radix_cache=True, **common) as off:
+            arbor_run(on, mixed_workload(8, seed=99))  # warm-up
+            arbor_run(off, mixed_workload(8, seed=99))
+            mixed = run_mixed(on, model, args.requests, sizes)
+            engines = {"cache_on": on, "cache_off": off}
+            fewshot = run_fewshot(engines, model, args.fewshot_requests, mixed["transformers_batch"])
+            multiturn = run_multiturn(engines, model, args.conversations, args.turns, mixed["transformers_batch"])
+        result.update(spec={"layers": SPEC.layers, "hidden": SPEC.hidden, "heads": SPEC.heads,
+                            "kv_heads": SPEC.kv_heads}, dtype=args.dtype, threads=torch.get_num_threads(),
+                      quick=args.quick, mixed=mixed, fewshot=fewshot, multiturn=multiturn)
+        report(result)
+    if "overhead" in sections:
+        result["overhead"] = run_overhead(path, args.dtype, 256, 50 if not args.quick else 10)
+        report_overhead(result["overhead"])
     if not args.quick:
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "bench_offline.json").write_text(json.dumps(result, indent=2))
-        chart(result)
+        save(result)
+
+
+def save(result: dict[str, Any]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    JSON.write_text(json.dumps(result, indent=2))
+    chart(result)
 
 
 def report(r: dict[str, Any]) -> None:
-    m, f, t, o = r["mixed"], r["fewshot"], r["multiturn"], r["overhead"]
+    m, f, t = r["mixed"], r["fewshot"], r["multiturn"]
     print(f"bench_offline: {r['spec']['layers']} layers, hidden {r['spec']['hidden']}, {r['dtype']}, "
           f"{r['threads']} threads")
     print(f"\n(a) mixed, {m['requests']} requests, {m['output_tokens']} output tokens")
@@ -279,6 +398,9 @@ def report(r: dict[str, Any]) -> None:
               f"({hf / on:.2f}x)")
         print(f"  hit tokens {row['hit_tokens']} of optimum {row['optimum_hit_tokens']} "
               f"({row['hit_tokens'] / max(row['optimum_hit_tokens'], 1):.1%})")
+
+
+def report_overhead(o: dict[str, Any]) -> None:
     print(f"\n(c) scheduler overhead per decode step, batch {o['batch']}, no-op model: median "
           f"{o['overhead_ms_median']:.2f} ms (p90 {o['overhead_ms_p90']:.2f}); whole step "
           f"{o['step_ms_median']:.2f} ms incl. sampling ({o['sample_ms_last']:.2f} ms)")
@@ -290,19 +412,24 @@ def chart(r: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
-    m = r["mixed"]
-    axes[0].bar(["Arbor", "transformers"], [m["arbor_tok_s"], m["transformers_tok_s"]], color=["C0", "C1"])
-    axes[0].set_title(f"(a) mixed, {m['requests']} requests")
-    axes[0].set_ylabel("output tokens/s")
-    for ax, key, title in ((axes[1], "fewshot", "(b) few-shot"), (axes[2], "multiturn", "(b) multi-turn")):
-        row = r[key]
-        ax.bar(["cache on", "cache off", "transformers"],
-               [row["output_tokens"] / row[k] for k in ("cache_on_s", "cache_off_s", "transformers_s")],
-               color=["C0", "C2", "C1"])
-        ax.set_title(title)
-        ax.set_ylabel("output tokens/s")
-    fig.suptitle("Offline throughput, medium tiny Llama, 2-core CPU")
+    rows = [k for k in ("peers", "mixed") if k in r]
+    fig, grid = plt.subplots(len(rows), 3, figsize=(13, 4 * len(rows)), squeeze=False)
+    for axes, key in zip(grid, rows):
+        if key == "peers":
+            chart_peers(axes, r["peers"])
+            continue
+        m = r["mixed"]
+        axes[0].bar(["Arbor", "transformers"], [m["arbor_tok_s"], m["transformers_tok_s"]], color=["C0", "C1"])
+        axes[0].set_title(f"(a) mixed, {m['requests']} requests, tiny Llama")
+        axes[0].set_ylabel("output tokens/s")
+        for ax, sub, title in ((axes[1], "fewshot", "(b) few-shot"), (axes[2], "multiturn", "(b) multi-turn")):
+            row = r[sub]
+            ax.bar(["cache on", "cache off", "transformers"],
+                   [row["output_tokens"] / row[k] for k in ("cache_on_s", "cache_off_s", "transformers_s")],
+                   color=["C0", "C2", "C1"])
+            ax.set_title(title)
+            ax.set_ylabel("output tokens/s")
+    fig.suptitle("Offline throughput, 2-core CPU")
     fig.tight_layout()
     fig.savefig(OUT / "bench_offline.png", dpi=120)
 
