@@ -1,0 +1,301 @@
+// CPU kernels that read the paged KV pool in place and fuse the elementwise ops of a layer.
+// Built at first use by kernels/cpu_ops.py (torch.utils.cpp_extension); torch references of
+// each op live in kernels/reference.py. Work is split over torch's own thread pool
+// (at::parallel_for), so torch.set_num_threads governs it.
+//
+// Rounding follows the torch references: values are widened to float for arithmetic and
+// rounded back to the tensor dtype wherever the reference's torch ops would round.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 64;  // keys scored per block before their softmax update
+
+template <typename T>
+inline T round_to(float x) {
+  return static_cast<T>(x);
+}
+
+template <typename T>
+inline float widen(T x) {
+  return static_cast<float>(x);
+}
+
+template <>
+inline float widen(c10::BFloat16 x) {  // a shift the compiler vectorises
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// exp(x) for x <= 0 to about 1 ulp (range reduction by ln 2, degree-6 polynomial), written so
+// that loops over it vectorise; inputs below -87 give about 1e-38 instead of 0.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.f);
+  const float k = (x * 1.44269504f + 12582912.f) - 12582912.f;  // round to nearest
+  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// ------------------------------------------------------------------ attention
+
+// out[t, h] = softmax(q[t, h] . K / sqrt) V over the keys of token t's request, which are the
+// slots table[row, kv_start .. pos] of the pool (pos = the token's own position, so causal).
+// Each task is one (token, KV head): every query head of the group reads each key row once.
+template <typename T>
+void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                          const at::Tensor& table, const at::Tensor& rows, const at::Tensor& kv_start,
+                          const at::Tensor& seq_lens, const at::Tensor& qo_indptr, at::Tensor& out,
+                          at::Tensor& lse, double scale) {
+  const int64_t tokens = q.size(0), hq = q.size(1), dim = q.size(2), hkv = k_pool.size(1);
+  const int64_t group = hq / hkv, width = table.size(1), batch = rows.size(0);
+  const int64_t q_tok = q.stride(0), q_head = q.stride(1);
+  const T* qd = q.data_ptr<T>();
+  const T* kd = k_pool.data_ptr<T>();
+  const T* vd = v_pool.data_ptr<T>();
+  const int32_t* td = table.data_ptr<int32_t>();
+  const int64_t* rd = rows.data_ptr<int64_t>();
+  const int64_t* sd = kv_start.data_ptr<int64_t>();
+  const int64_t* ld = seq_lens.data_ptr<int64_t>();
+  const int64_t* qo = qo_indptr.data_ptr<int64_t>();
+  float* od = out.data_ptr<float>();
+  float* lsed = lse.data_ptr<float>();
+  std::vector<int64_t> owner(tokens);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = qo[b]; t < qo[b + 1]; ++t) owner[t] = b;
+
+  at::parallel_for(0, tokens * hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * dim), acc(group * dim), kt(dim * kBlock), row(dim), score(group * kBlock);
+    std::vector<float> mx(group), sum(group);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / hkv, h = task % hkv, b = owner[t];
+      const int64_t pos = ld[b] - (qo[b + 1] - qo[b]) + (t - qo[b]);
+      const int32_t* slots = td + rd[b] * width;
+      for (int64_t g = 0; g < group; ++g) {
+        const T* src = qd + t * q_tok + (h * group + g) * q_head;
+        for (int64_t d = 0; d < dim; ++d) qf[g * dim + d] = widen(src[d]) * static_cast<float>(scale);
+        mx[g] = -std::numeric_limits<float>::infinity();
+        sum[g] = 0.f;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t j0 = sd[b]; j0 <= pos; j0 += kBlock) {
+        const int64_t n = std::min(kBlock, pos + 1 - j0);
+        // The block's keys, transposed, so each score loop runs over keys (no horizontal sums).
+        for (int64_t j = 0; j < n; ++j) {
+          const T* kr = kd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim;
+          for (int64_t d = 0; d < dim; ++d) kt[d * kBlock + j] = widen(kr[d]);
+        }
+        for (int64_t g = 0; g < group; ++g) {
+          float* sg = score.data() + g * kBlock;
+          const float* qg = qf.data() + g * dim;
+          std::fill(sg, sg + n, 0.f);
+          for (int64_t d = 0; d < dim; ++d) {
+            const float qv = qg[d];
+            const float* kd_row = kt.data() + d * kBlock;
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) sg[j] += qv * kd_row[j];
+          }
+          float top = mx[g];
+          for (int64_t j = 0; j < n; ++j) top = std::max(top, sg[j]);
+          const float fix = mx[g] == -std::numeric_limits<float>::infinity() ? 0.f : exp_nonpositive(mx[g] - top);
+          float total = 0.f;
+#pragma omp simd reduction(+ : total)
+          for (int64_t j = 0; j < n; ++j) {
+            sg[j] = exp_nonpositive(sg[j] - top);
+            total += sg[j];
+          }
+          float* ag = acc.data() + g * dim;
+          for (int64_t d = 0; d < dim; ++d) ag[d] *= fix;
+          mx[g] = top;
+          sum[g] = sum[g] * fix + total;
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const T* vr = vd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim;
+          for (int64_t d = 0; d < dim; ++d) row[d] = widen(vr[d]);
+          for (int64_t g = 0; g < group; ++g) {
+            const float p = score[g * kBlock + j];
+            float* ag = acc.data() + g * dim;
+#pragma omp simd
+            for (int64_t d = 0; d < dim; ++d) ag[d] += p * row[d];
+          }
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t head = h * group + g;
+        float* dst = od + (t * hq + head) * dim;
+        const float inv = sum[g] > 0.f ? 1.f / sum[g] : 0.f;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = acc[g * dim + d] * inv;
+        lsed[t * hq + head] = sum[g] > 0.f ? mx[g] + std::log(sum[g]) : -std::numeric_limits<float>::infinity();
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at::Tensor& k_pool,
+                                                   const at::Tensor& v_pool, const at::Tensor& table,
+                                                   const at::Tensor& rows, const at::Tensor& kv_start,
+                                                   const at::Tensor& seq_lens, const at::Tensor& qo_indptr,
+                                                   double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [T, Hq, D] with unit last stride");
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "the KV pools must be contiguous");
+  TORCH_CHECK(q.scalar_type() == k_pool.scalar_type(), "q and the KV pool must share a dtype");
+  TORCH_CHECK(table.scalar_type() == at::kInt && table.is_contiguous(), "table must be contiguous int32");
+  for (const auto* idx : {&rows, &kv_start, &seq_lens, &qo_indptr})
+    TORCH_CHECK(idx->scalar_type() == at::kLong && idx->is_contiguous(), "index tensors must be contiguous int64");
+  auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  auto lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
+    paged_attention_impl<scalar_t>(q, k_pool, v_pool, table, rows, kv_start, seq_lens, qo_indptr, out, lse, scale);
+  });
+  return {out, lse};
+}
+
+// ---------------------------------------------------------------- elementwise
+
+// out = weight * round(x / rms(x)); with a residual, x = round(x + residual) first and is
+// returned as the new residual. x [N, H] rows may be strided; outputs are contiguous.
+template <typename T>
+void rmsnorm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight, double eps,
+                  at::Tensor& out, at::Tensor* summed) {
+  const int64_t n = x.size(0), hidden = x.size(1);
+  const T* xd = x.data_ptr<T>();
+  const T* rd = residual ? residual->data_ptr<T>() : nullptr;
+  const T* wd = weight.data_ptr<T>();
+  T* od = out.data_ptr<T>();
+  T* sd = summed ? summed->data_ptr<T>() : nullptr;
+  const int64_t xs = x.stride(0), rs = residual ? residual->stride(0) : 0;
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> h(hidden);
+    for (int64_t i = begin; i < end; ++i) {
+      float sq = 0.f;
+      for (int64_t j = 0; j < hidden; ++j) {
+        float v = widen(xd[i * xs + j]);
+        if (rd) {
+          const T s = round_to<T>(v + static_cast<float>(rd[i * rs + j]));
+          sd[i * hidden + j] = s;
+          v = static_cast<float>(s);
+        }
+        h[j] = v;
+        sq += v * v;
+      }
+      const float inv = 1.f / std::sqrt(sq / static_cast<float>(hidden) + static_cast<float>(eps));
+      for (int64_t j = 0; j < hidden; ++j) {
+        const float normed = static_cast<float>(round_to<T>(h[j] * inv));
+        od[i * hidden + j] = round_to<T>(static_cast<float>(wd[j]) * normed);
+      }
+    }
+  });
+}
+
+at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && weight.scalar_type() == x.scalar_type(), "rmsnorm: bad input");
+  auto out = at::empty({x.size(0), x.size(1)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rmsnorm", [&] {
+    rmsnorm_impl<scalar_t>(x, nullptr, weight, eps, out, nullptr);
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rmsnorm(const at::Tensor& x, const at::Tensor& residual,
+                                               const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && residual.stride(1) == 1, "add_rmsnorm: bad input");
+  TORCH_CHECK(residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(), "add_rmsnorm: shapes");
+  auto out = at::empty({x.size(0), x.size(1)}, x.options());
+  auto summed = at::empty({x.size(0), x.size(1)}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rmsnorm", [&] {
+    rmsnorm_impl<scalar_t>(x, &residual, weight, eps, out, &summed);
+  });
+  return {out, summed};
+}
+
+// In place: x[t, h] = x * cos + rotate_half(x) * sin at positions[t], each product and the
+// sum rounded to x's dtype as the torch reference does; cos/sin [max_pos, D] float32.
+template <typename T>
+void rotate(const at::Tensor& x, const int64_t* pos, const float* cd, const float* sd, int64_t dim) {
+  const int64_t n = x.size(0), heads = x.size(1), half = dim / 2;
+  const int64_t xs = x.stride(0), hs = x.stride(1);
+  T* xd = x.data_ptr<T>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cd + pos[t] * dim;
+      const float* s = sd + pos[t] * dim;
+      for (int64_t h = 0; h < heads; ++h) {
+        T* v = xd + t * xs + h * hs;
+        for (int64_t d = 0; d < half; ++d) {
+          const float a = static_cast<float>(v[d]), b = static_cast<float>(v[d + half]);
+          const float c0 = static_cast<float>(round_to<T>(c[d])), s0 = static_cast<float>(round_to<T>(s[d]));
+          const float c1 = static_cast<float>(round_to<T>(c[d + half]));
+          const float s1 = static_cast<float>(round_to<T>(s[d + half]));
+          const float lo = static_cast<float>(round_to<T>(a * c0)) + static_cast<float>(round_to<T>(-b * s0));
+          const float hi = static_cast<float>(round_to<T>(b * c1)) + static_cast<float>(round_to<T>(a * s1));
+          v[d] = round_to<T>(lo);
+          v[d + half] = round_to<T>(hi);
+        }
+      }
+    }
+  });
+}
+
+void rotary(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+            const at::Tensor& sin) {
+  TORCH_CHECK(q.stride(2) == 1 && k.stride(2) == 1, "rotary: q/k need a unit last stride");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous(), "rotary: positions int64");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous(), "rotary: tables");
+  const int64_t dim = q.size(2);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary", [&] {
+    rotate<scalar_t>(q, positions.data_ptr<int64_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), dim);
+    rotate<scalar_t>(k, positions.data_ptr<int64_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), dim);
+  });
+}
+
+// x [N, 2I] = gate | up -> round(silu(gate)) * up, rounded: [N, I].
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "silu_and_mul: x must be [N, 2I]");
+  const int64_t n = x.size(0), inter = x.size(1) / 2, xs = x.stride(0);
+  auto out = at::empty({n, inter}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
+    const scalar_t* xd = x.data_ptr<scalar_t>();
+    scalar_t* od = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        for (int64_t j = 0; j < inter; ++j) {
+          const float g = widen(xd[i * xs + j]);
+          const float act = static_cast<float>(round_to<scalar_t>(g / (1.f + std::exp(-g))));
+          od[i * inter + j] = round_to<scalar_t>(act * static_cast<float>(xd[i * xs + inter + j]));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(arbor_cpu, m) {
+  m.def("paged_attention", &paged_attention);
+  m.def("rmsnorm", &rmsnorm);
+  m.def("add_rmsnorm", &add_rmsnorm);
+  m.def("rotary", &rotary);
+  m.def("silu_and_mul", &silu_and_mul);
+}
