@@ -15,15 +15,27 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 constexpr int64_t kBlock = 64;  // keys scored per block before their softmax update
+constexpr int64_t kMaxGroup = 16, kMaxDim = 256;
 
 template <typename T>
 inline T round_to(float x) {
   return static_cast<T>(x);
+}
+
+template <>
+inline c10::BFloat16 round_to(float x) {  // round to nearest even, as c10 does, vectorisable
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  c10::BFloat16 out;
+  out.x = static_cast<uint16_t>(x != x ? 0x7FC0u : rounded);
+  return out;
 }
 
 template <typename T>
@@ -63,12 +75,13 @@ inline float exp_nonpositive(float x) {
 // out[t, h] = softmax(q[t, h] . K / sqrt) V over the keys of token t's request, which are the
 // slots table[row, kv_start .. pos] of the pool (pos = the token's own position, so causal).
 // Each task is one (token, KV head): every query head of the group reads each key row once.
-template <typename T>
+template <typename T, int64_t kDim>
 void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                           const at::Tensor& table, const at::Tensor& rows, const at::Tensor& kv_start,
                           const at::Tensor& seq_lens, const at::Tensor& qo_indptr, at::Tensor& out,
                           at::Tensor& lse, double scale) {
-  const int64_t tokens = q.size(0), hq = q.size(1), dim = q.size(2), hkv = k_pool.size(1);
+  const int64_t tokens = q.size(0), hq = q.size(1), hkv = k_pool.size(1);
+  const int64_t dim = kDim > 0 ? kDim : q.size(2);  // a compile-time head dim unrolls the inner loops
   const int64_t group = hq / hkv, width = table.size(1), batch = rows.size(0);
   const int64_t q_tok = q.stride(0), q_head = q.stride(1);
   const T* qd = q.data_ptr<T>();
@@ -85,9 +98,10 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const a
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t t = qo[b]; t < qo[b + 1]; ++t) owner[t] = b;
 
+  TORCH_CHECK(group <= kMaxGroup && dim <= kMaxDim, "paged_attention: at most 16 query heads per KV head, dim 256");
   at::parallel_for(0, tokens * hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * dim), acc(group * dim), kt(dim * kBlock), row(dim), score(group * kBlock);
-    std::vector<float> mx(group), sum(group);
+    alignas(64) float qf[kMaxGroup * kMaxDim], acc[kMaxGroup * kMaxDim], row[kMaxDim], score[kMaxGroup * kBlock];
+    float mx[kMaxGroup], sum[kMaxGroup];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / hkv, h = task % hkv, b = owner[t];
       const int64_t pos = ld[b] - (qo[b + 1] - qo[b]) + (t - qo[b]);
@@ -98,24 +112,23 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const a
         mx[g] = -std::numeric_limits<float>::infinity();
         sum[g] = 0.f;
       }
-      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(acc, acc + group * dim, 0.f);
       for (int64_t j0 = sd[b]; j0 <= pos; j0 += kBlock) {
         const int64_t n = std::min(kBlock, pos + 1 - j0);
-        // The block's keys, transposed, so each score loop runs over keys (no horizontal sums).
         for (int64_t j = 0; j < n; ++j) {
           const T* kr = kd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim;
-          for (int64_t d = 0; d < dim; ++d) kt[d * kBlock + j] = widen(kr[d]);
+#pragma omp simd
+          for (int64_t d = 0; d < dim; ++d) row[d] = widen(kr[d]);
+          for (int64_t g = 0; g < group; ++g) {
+            const float* qg = qf + g * dim;
+            float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < dim; ++d) dot += qg[d] * row[d];
+            score[g * kBlock + j] = dot;
+          }
         }
         for (int64_t g = 0; g < group; ++g) {
-          float* sg = score.data() + g * kBlock;
-          const float* qg = qf.data() + g * dim;
-          std::fill(sg, sg + n, 0.f);
-          for (int64_t d = 0; d < dim; ++d) {
-            const float qv = qg[d];
-            const float* kd_row = kt.data() + d * kBlock;
-#pragma omp simd
-            for (int64_t j = 0; j < n; ++j) sg[j] += qv * kd_row[j];
-          }
+          float* sg = score + g * kBlock;
           float top = mx[g];
           for (int64_t j = 0; j < n; ++j) top = std::max(top, sg[j]);
           const float fix = mx[g] == -std::numeric_limits<float>::infinity() ? 0.f : exp_nonpositive(mx[g] - top);
@@ -125,17 +138,19 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const a
             sg[j] = exp_nonpositive(sg[j] - top);
             total += sg[j];
           }
-          float* ag = acc.data() + g * dim;
+          float* ag = acc + g * dim;
+#pragma omp simd
           for (int64_t d = 0; d < dim; ++d) ag[d] *= fix;
           mx[g] = top;
           sum[g] = sum[g] * fix + total;
         }
         for (int64_t j = 0; j < n; ++j) {
           const T* vr = vd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim;
+#pragma omp simd
           for (int64_t d = 0; d < dim; ++d) row[d] = widen(vr[d]);
           for (int64_t g = 0; g < group; ++g) {
             const float p = score[g * kBlock + j];
-            float* ag = acc.data() + g * dim;
+            float* ag = acc + g * dim;
 #pragma omp simd
             for (int64_t d = 0; d < dim; ++d) ag[d] += p * row[d];
           }
@@ -166,7 +181,17 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   auto lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
-    paged_attention_impl<scalar_t>(q, k_pool, v_pool, table, rows, kv_start, seq_lens, qo_indptr, out, lse, scale);
+    const auto run = [&](auto dim) {
+      paged_attention_impl<scalar_t, decltype(dim)::value>(q, k_pool, v_pool, table, rows, kv_start, seq_lens,
+                                                           qo_indptr, out, lse, scale);
+    };
+    if (q.size(2) == 64) {
+      run(std::integral_constant<int64_t, 64>{});
+    } else if (q.size(2) == 128) {
+      run(std::integral_constant<int64_t, 128>{});
+    } else {
+      run(std::integral_constant<int64_t, 0>{});
+    }
   });
   return {out, lse};
 }
@@ -192,17 +217,17 @@ void rmsnorm_impl(const at::Tensor& x, const at::Tensor* residual, const at::Ten
       for (int64_t j = 0; j < hidden; ++j) {
         float v = widen(xd[i * xs + j]);
         if (rd) {
-          const T s = round_to<T>(v + static_cast<float>(rd[i * rs + j]));
+          const T s = round_to<T>(v + widen(rd[i * rs + j]));
           sd[i * hidden + j] = s;
-          v = static_cast<float>(s);
+          v = widen(s);
         }
         h[j] = v;
         sq += v * v;
       }
       const float inv = 1.f / std::sqrt(sq / static_cast<float>(hidden) + static_cast<float>(eps));
       for (int64_t j = 0; j < hidden; ++j) {
-        const float normed = static_cast<float>(round_to<T>(h[j] * inv));
-        od[i * hidden + j] = round_to<T>(static_cast<float>(wd[j]) * normed);
+        const float normed = widen(round_to<T>(h[j] * inv));
+        od[i * hidden + j] = round_to<T>(widen(wd[j]) * normed);
       }
     }
   });
@@ -243,12 +268,12 @@ void rotate(const at::Tensor& x, const int64_t* pos, const float* cd, const floa
       for (int64_t h = 0; h < heads; ++h) {
         T* v = xd + t * xs + h * hs;
         for (int64_t d = 0; d < half; ++d) {
-          const float a = static_cast<float>(v[d]), b = static_cast<float>(v[d + half]);
-          const float c0 = static_cast<float>(round_to<T>(c[d])), s0 = static_cast<float>(round_to<T>(s[d]));
-          const float c1 = static_cast<float>(round_to<T>(c[d + half]));
-          const float s1 = static_cast<float>(round_to<T>(s[d + half]));
-          const float lo = static_cast<float>(round_to<T>(a * c0)) + static_cast<float>(round_to<T>(-b * s0));
-          const float hi = static_cast<float>(round_to<T>(b * c1)) + static_cast<float>(round_to<T>(a * s1));
+          const float a = widen(v[d]), b = widen(v[d + half]);
+          const float c0 = widen(round_to<T>(c[d])), s0 = widen(round_to<T>(s[d]));
+          const float c1 = widen(round_to<T>(c[d + half]));
+          const float s1 = widen(round_to<T>(s[d + half]));
+          const float lo = widen(round_to<T>(a * c0)) + widen(round_to<T>(-b * s0));
+          const float hi = widen(round_to<T>(b * c1)) + widen(round_to<T>(a * s1));
           v[d] = round_to<T>(lo);
           v[d + half] = round_to<T>(hi);
         }
@@ -281,8 +306,10 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
       for (int64_t i = begin; i < end; ++i) {
         for (int64_t j = 0; j < inter; ++j) {
           const float g = widen(xd[i * xs + j]);
-          const float act = static_cast<float>(round_to<scalar_t>(g / (1.f + std::exp(-g))));
-          od[i * inter + j] = round_to<scalar_t>(act * static_cast<float>(xd[i * xs + inter + j]));
+          const float e = exp_nonpositive(-std::fabs(g));  // sigmoid without overflow
+          const float sig = g >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+          const float act = widen(round_to<scalar_t>(g * sig));
+          od[i * inter + j] = round_to<scalar_t>(act * widen(xd[i * xs + inter + j]));
         }
       }
     });

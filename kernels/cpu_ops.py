@@ -18,9 +18,11 @@ from typing import Any
 
 import torch
 
+from arbor.kernels.reference import rmsnorm_ref, rotary_ref, silu_and_mul_ref
+
 logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_ops.cpp")
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
+FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own libgomp
 _ops: Any = False  # False: not tried yet; None: unavailable
 
 
@@ -36,9 +38,9 @@ def load() -> Any:
         from torch.utils import cpp_extension
 
         # The name carries the source and the CPU, since -march=native builds for this CPU only.
-        digest = hashlib.sha256(SOURCE.read_bytes() + _cpu_model().encode()).hexdigest()[:10]
+        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_model().encode()).hexdigest()[:10]
         t0 = time.perf_counter()
-        cpp_extension.load(name=f"arbor_cpu_{digest}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+        cpp_extension.load(name=f"arbor_cpu_{digest}", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
                            is_python_module=False, verbose=False)
         _ops = torch.ops.arbor_cpu
         logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
@@ -53,3 +55,35 @@ def _cpu_model() -> str:
     except OSError:
         return ""
     return next((line for line in lines if line.startswith("flags")), "")
+
+
+# Same contracts as the references; inputs the kernels do not take go to the reference.
+
+
+def rmsnorm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ops = load()
+    if ops is None or weight.dtype != x.dtype or x.stride(-1) != 1:
+        return rmsnorm_ref(x, weight, eps, residual)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if residual is None:
+        return ops.rmsnorm(x2, weight, eps).view(shape)
+    out, total = ops.add_rmsnorm(x2, residual.reshape(-1, shape[-1]), weight, eps)
+    return out.view(shape), total.view(shape)
+
+
+def rotary_cpu(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    ops = load()
+    if ops is None or cos.dtype != torch.float32 or q.stride(-1) != 1 or k.stride(-1) != 1:
+        return rotary_ref(positions, q, k, cos, sin)
+    ops.rotary(positions, q, k, cos, sin)
+    return q, k
+
+
+def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
+    ops = load()
+    if ops is None or x.dim() != 2 or x.stride(-1) != 1:
+        return silu_and_mul_ref(x)
+    return ops.silu_and_mul(x)

@@ -1,25 +1,42 @@
-"""The GPU path's fused ops: swap the torch references of a model for the Triton kernels."""
+"""Fused ops: swap the torch references of a model's layers for kernels with the same contracts
+(Triton on GPUs, Arbor's C++ kernels on CPUs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import nn
 
-from arbor.kernels.activation import silu_and_mul_triton
-from arbor.kernels.norm import rmsnorm_triton
-from arbor.kernels.rotary import rotary_triton
 from arbor.runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 
 
-def use_fused_kernels(model: nn.Module) -> None:
+def use_kernels(model: nn.Module, rmsnorm: Callable, silu_and_mul: Callable, rotary: Callable) -> None:
     """Route every RMSNorm (with its residual add), SiLU-and-mul and RoPE of `model` through
-    the Triton kernels: the GPU path, chosen with the triton attention backend."""
+    the given kernels."""
     for m in model.modules():
         if isinstance(m, RMSNorm):
-            m.kernel = rmsnorm_triton
+            m.kernel = rmsnorm
         elif isinstance(m, GatedMLP):
-            m.act = silu_and_mul_triton
-        rotary = getattr(m, "rotary", None)
-        if isinstance(rotary, RotaryEmbedding):
-            rotary.kernel = rotary_triton
+            m.act = silu_and_mul
+        emb = getattr(m, "rotary", None)
+        if isinstance(emb, RotaryEmbedding):
+            emb.kernel = rotary
 
 
+def use_triton_kernels(model: nn.Module) -> None:
+    """The GPU path, chosen with the triton attention backend (Triton loads here only)."""
+    from arbor.kernels.activation import silu_and_mul_triton
+    from arbor.kernels.norm import rmsnorm_triton
+    from arbor.kernels.rotary import rotary_triton
+
+    use_kernels(model, rmsnorm_triton, silu_and_mul_triton, rotary_triton)
+
+
+def use_cpu_kernels(model: nn.Module) -> bool:
+    """The CPU path, when Arbor's C++ kernels build here; False (references kept) otherwise."""
+    from arbor.kernels import cpu_ops
+
+    if cpu_ops.load() is None:
+        return False
+    use_kernels(model, cpu_ops.rmsnorm_cpu, cpu_ops.silu_and_mul_cpu, cpu_ops.rotary_cpu)
+    return True

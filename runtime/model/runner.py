@@ -13,6 +13,7 @@ from arbor.runtime.config import ServerArgs
 from arbor.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
 from arbor.runtime.model.attention import create_backend, resolve_backend
 from arbor.runtime.model.forward_batch import ForwardBatch
+from arbor.runtime.model.fused import use_cpu_kernels, use_triton_kernels
 from arbor.runtime.model.loader import load_model
 
 logger = logging.getLogger(__name__)
@@ -68,9 +69,9 @@ class ModelRunner:
             args.attention_backend, self.kv_pool, self.req_to_token, cfg.head_dim**-0.5
         )
         if resolve_backend(args.attention_backend, self.device.type) == "triton":
-            from arbor.runtime.model.fused import use_fused_kernels  # Triton loads here only
-
-            use_fused_kernels(self.model)
+            use_triton_kernels(self.model)
+        elif self.device.type == "cpu":
+            use_cpu_kernels(self.model)
         logger.info(
             "loaded %s (%s, %s) on %s: KV cache %d tokens (%.1f MiB), context %d",
             model_path, cfg.architecture, str(self.dtype).removeprefix("torch."), self.device,

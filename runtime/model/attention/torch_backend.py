@@ -1,6 +1,10 @@
 """Torch attention backend for CPUs (and a reference on GPUs), planned once per step.
 
-Two ideas keep the cost near what the batch must read:
+Three ideas keep the cost near what the batch must read:
+- On CPUs, rows with short queries (decode, jump-forward, suffixes after a shared prefix)
+  go to Arbor's paged-attention kernel (`kernels/cpu_ops.cpp`), which reads each key row of
+  the pool in place, once for all query heads of its KV head. Without a compiler, they take
+  the gathered path below.
 - Shared prefixes are read once (cascade attention). Requests whose KV rows begin with the
   same cached slots (the radix tree gave them one prefix) attend to that prefix together:
   every new token of the group in one matmul per KV head, with the softmax statistics merged
@@ -18,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from arbor.kernels import cpu_ops
+from arbor.runtime.memory import KVPool, ReqToTokenPool
 from arbor.runtime.model.attention.base import AttentionBackend
 from arbor.runtime.model.attention.cascade import (
     SharedPrefix,
@@ -43,10 +49,26 @@ class _Group:
     tok_off: torch.Tensor  # [n] their offset among that request's new tokens
     max_q: int
     use_sdpa: bool
+    fresh: bool  # no request has cached KV: keys are the new tokens' own k/v, no pool read
+
+
+@dataclass
+class _KernelRows:
+    """Rows that the CPU kernel attends: their KV starts at `kv_start` (past a shared prefix)."""
+
+    tokens: torch.Tensor  # [n] rows of q
+    req_rows: torch.Tensor  # [b] rows of the request-to-token table
+    kv_start: torch.Tensor  # [b]
+    seq_lens: torch.Tensor  # [b]
+    qo_indptr: torch.Tensor  # [b + 1] into `tokens`
 
 
 class TorchAttnBackend(AttentionBackend):
-    """Exact paged attention in torch ops, vectorised over the batch."""
+    """Exact paged attention in torch ops (and the CPU kernel), vectorised over the batch."""
+
+    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool, scale: float) -> None:
+        super().__init__(kv_pool, req_to_token, scale)
+        self.ops = cpu_ops.load() if kv_pool.k[0].device.type == "cpu" else None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self.page_size = self.req_to_token.page_size
@@ -54,10 +76,25 @@ class TorchAttnBackend(AttentionBackend):
         start = torch.zeros_like(batch.seq_lens)
         for sp in self.shared:
             start[sp.members] = sp.length
-        count = max(1, min(GROUPS, batch.batch_size // GROUP_MIN))
-        order = torch.argsort(batch.seq_lens - start, stable=True)
+        self.kernel = None
+        rest = torch.arange(batch.batch_size, device=start.device)
+        if self.ops is not None:
+            short = (batch.extend_lens < SDPA_MIN_Q) | (start > 0)
+            self.kernel = self._kernel_rows(batch, torch.nonzero(short).flatten(), start) if bool(short.any()) else None
+            rest = torch.nonzero(~short).flatten()
+        count = max(1, min(GROUPS, rest.numel() // GROUP_MIN))
+        order = rest[torch.argsort((batch.seq_lens - start)[rest], stable=True)]
         self.groups = [self._group(batch, rows, start[rows], bool((start[rows] > 0).any()))
-                       for rows in torch.tensor_split(order, count)]
+                       for rows in torch.tensor_split(order, count) if rows.numel()]
+
+    def _kernel_rows(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor) -> _KernelRows:
+        ext = batch.extend_lens[rows]
+        qo = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=rows.device)
+        qo[1:] = torch.cumsum(ext, 0)
+        first = batch.qo_indptr[rows].to(torch.int64)
+        tokens = torch.repeat_interleave(first - qo[:-1], ext) + torch.arange(int(qo[-1]), device=rows.device)
+        return _KernelRows(tokens, batch.req_pool_indices[rows].contiguous(), start[rows].contiguous(),
+                           batch.seq_lens[rows].contiguous(), qo)
 
     def _group(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor, shared: bool) -> _Group:
         dev, ps = rows.device, self.page_size
@@ -79,7 +116,8 @@ class TorchAttnBackend(AttentionBackend):
         tok_off = torch.arange(tok_req.numel(), device=dev) - (torch.cumsum(ext, 0) - ext)[tok_req]
         tokens = batch.qo_indptr[rows].to(torch.int64)[tok_req] + tok_off
         use_sdpa = max_q >= SDPA_MIN_Q and not shared
-        return _Group(pages, bias[:, :, None], tokens, tok_req, tok_off, max_q, use_sdpa)
+        fresh = use_sdpa and not bool(pre.any())
+        return _Group(pages, bias[:, :, None], tokens, tok_req, tok_off, max_q, use_sdpa, fresh)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
@@ -90,16 +128,25 @@ class TorchAttnBackend(AttentionBackend):
         v_pages = self.kv_pool.v[layer].unflatten(0, (-1, self.page_size))
         out = torch.empty(num_tokens, hq, dim, dtype=torch.float32, device=q.device)
         lse = torch.empty(num_tokens, hq, dtype=torch.float32, device=q.device)
+        if self.kernel is not None:
+            kr = self.kernel
+            o, s = self.ops.paged_attention(q[kr.tokens], self.kv_pool.k[layer], self.kv_pool.v[layer],
+                                            self.req_to_token.table, kr.req_rows, kr.kv_start, kr.seq_lens,
+                                            kr.qo_indptr, self.scale)
+            out[kr.tokens], lse[kr.tokens] = o, s
         for g in self.groups:
-            b = g.pages.shape[0]
-            k_own = k_pages[g.pages].flatten(1, 2)  # [b, L, Hkv, D]
-            v_own = v_pages[g.pages].flatten(1, 2)
-            q_pad = q.new_zeros(b, g.max_q, hq, dim)
-            q_pad[g.tok_req, g.tok_off] = q[g.tokens]
+            g.pages.shape[0]
+            q_pad = self._pad(q, g)
+            if g.fresh:
+                k_own, v_own = self._pad(k, g), self._pad(v, g)
+            else:
+                k_own = k_pages[g.pages].flatten(1, 2)  # [b, L, Hkv, D]
+                v_own = v_pages[g.pages].flatten(1, 2)
             if g.use_sdpa:  # no shared prefix to merge with, so no lse needed
+                mask = g.bias.squeeze(2)[:, None, :, : k_own.shape[1]].to(q.dtype)
                 o = F.scaled_dot_product_attention(
                     q_pad.transpose(1, 2), k_own.transpose(1, 2).to(q.dtype), v_own.transpose(1, 2).to(q.dtype),
-                    attn_mask=g.bias.squeeze(2)[:, None].to(q.dtype), scale=self.scale, enable_gqa=True,
+                    attn_mask=mask, scale=self.scale, enable_gqa=True,
                 ).transpose(1, 2)
                 out[g.tokens] = o[g.tok_req, g.tok_off].float()
                 continue
@@ -109,6 +156,13 @@ class TorchAttnBackend(AttentionBackend):
         for sp in self.shared:
             self._add_shared(sp, q, k_pages, v_pages, out, lse)
         return out.to(q.dtype).reshape(num_tokens, hq * dim)
+
+    @staticmethod
+    def _pad(x: torch.Tensor, g: _Group) -> torch.Tensor:
+        """The group's rows of x [T, H, D] as [b, max_q, H, D], zero-padded."""
+        out = x.new_zeros(g.pages.shape[0], g.max_q, x.shape[1], x.shape[2])
+        out[g.tok_req, g.tok_off] = x[g.tokens]
+        return out
 
     def _add_shared(
         self, sp: SharedPrefix, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
