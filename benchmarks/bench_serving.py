@@ -1,5 +1,7 @@
 """Online serving: Poisson arrivals against a live `arbor serve`, and a multi-turn chat trace
-with the radix cache on and off.
+with the radix cache on and off; then (peers) Arbor beside vLLM's CPU build and llama.cpp's
+server on the peer checkpoint, the same Poisson traffic at 1, 2 and 4 req/s sent to each over
+streamed /v1/completions (benchmarks/peers.py).
 
 Every request streams (native /generate, SSE), so the client sees each token as it leaves:
 TTFT = arrival -> first token; ITL = gaps between streamed events; TPOT = (e2e - TTFT) /
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
 import signal
 import socket
@@ -151,7 +154,24 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=8)
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--sections", default="cache,peers", help="comma-separated: cache (tiny model), peers")
+    ap.add_argument("--peer-rates", default="1,2,4", help="Poisson rates of the peers section")
+    ap.add_argument("--peer-requests", type=int, default=48, help="requests per rate, peers section")
+    ap.add_argument("--systems", default="arbor,vllm,vllm-omp,llama-server", help="systems of the peers section")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    saved = OUT / "bench_serving.json"
+    result: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() and not args.quick else {}
+    if "peers" in sections:
+        result["peers"] = run_peers(args.systems.split(","), [float(r) for r in args.peer_rates.split(",")],
+                                    args.peer_requests)
+        report_peers(result["peers"])
+        if not args.quick:
+            OUT.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps(result, indent=2))
+            chart(result)
+    if "cache" not in sections:
+        return
     if args.quick:
         args.rates, args.requests, args.conversations, args.turns = "1,4", 8, 2, 2
     model = make_tiny_model(Path(tempfile.mkdtemp()) / "medium", SPEC)
@@ -168,12 +188,52 @@ def main() -> None:
         chat["cache_off"] = asyncio.run(chat_trace(port, model.name, args.conversations, args.turns))
     finally:
         stop_server(proc)
-    result = {"spec": {"layers": SPEC.layers, "hidden": SPEC.hidden}, "poisson": rows, "chat": chat}
+    result.update(spec={"layers": SPEC.layers, "hidden": SPEC.hidden}, poisson=rows, chat=chat)
     report(result)
     if not args.quick:
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "bench_serving.json").write_text(json.dumps(result, indent=2))
+        saved.write_text(json.dumps(result, indent=2))
         chart(result)
+
+
+def run_peers(systems: list[str], rates: list[float], n: int) -> dict[str, Any]:
+    """The same Poisson traffic (seeded per rate) against each available system."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import peers
+
+    dtype = peers.dtype_name()
+    absent = peers.absent_peers()
+    out: dict[str, Any] = {"dtype": dtype, "requests": n, "skipped": dict(absent), "systems": {}}
+    if "all peers" in absent:
+        return out
+    servers = {"arbor": ("arbor", lambda: peers.arbor(dtype)),
+               "vllm": ("vllm (1 thread, default)", lambda: peers.vllm(dtype)),
+               "vllm-omp": (f"vllm (OMP_NUM_THREADS={os.cpu_count()})", lambda: peers.vllm(dtype, os.cpu_count())),
+               "llama-server": ("llama-server (16 slots)", lambda: peers.llama_server(dtype, 16))}
+    for key in systems:
+        if key in absent or key not in servers:
+            continue
+        name, start = servers[key]
+        with start() as system:
+            out["systems"][name] = []
+            for i, rate in enumerate(rates):
+                row = peers.poisson(system, rate, n, seed=10 + i)
+                out["systems"][name].append(row)
+                print(f"  {name:26} {rate:>4} req/s  TTFT p50 {row['ttft_p50_ms']:7.0f}  TPOT p99 "
+                      f"{row['tpot_p99_ms']:6.1f} ms", flush=True)
+    return out
+
+
+def report_peers(p: dict[str, Any]) -> None:
+    print(f"\npeers: Poisson serving, {p['requests']} requests per rate, {p['dtype']} for every system (ms)")
+    for name, why in p["skipped"].items():
+        print(f"  skipped {name}: {why}")
+    print(f"  {'system':26} {'rate':>5} {'tok/s':>7} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} "
+          f"{'ITL p50':>8} {'p99':>7}")
+    for name, rows in p["systems"].items():
+        for r in rows:
+            print(f"  {name:26} {r['rate']:>5} {r['tok_s']:>7.1f} {r['ttft_p50_ms']:>9.0f} {r['ttft_p99_ms']:>7.0f} "
+                  f"{r['tpot_p50_ms']:>9.1f} {r['tpot_p99_ms']:>7.1f} {r['itl_p50_ms']:>8.1f} {r['itl_p99_ms']:>7.1f}")
 
 
 def report(r: dict[str, Any]) -> None:
@@ -196,7 +256,18 @@ def chart(r: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    if "poisson" not in r:  # only the peers section has run
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        chart_peers(axes, r["peers"])
+        fig.tight_layout()
+        fig.savefig(OUT / "bench_serving.png", dpi=120)
+        return
+    rows = 2 if "peers" in r else 1
+    fig, grid = plt.subplots(rows, 3, figsize=(13, 4 * rows), squeeze=False)
+    if "peers" in r:
+        chart_peers(grid[1][:2], r["peers"])
+        grid[1][2].axis("off")
+    axes = grid[0]
     rates = [row["rate"] for row in r["poisson"]]
     for ax, key, title in ((axes[0], "ttft", "TTFT"), (axes[1], "tpot", "TPOT")):
         ax.plot(rates, [row[f"{key}_p50_ms"] for row in r["poisson"]], "o-", label="p50")
@@ -213,6 +284,16 @@ def chart(r: dict[str, Any]) -> None:
     fig.suptitle("Online serving, medium tiny Llama, 2-core CPU")
     fig.tight_layout()
     fig.savefig(OUT / "bench_serving.png", dpi=120)
+
+
+def chart_peers(axes: Any, p: dict[str, Any]) -> None:
+    for ax, key, title in ((axes[0], "ttft_p50_ms", "TTFT p50"), (axes[1], "tpot_p99_ms", "TPOT p99")):
+        for name, rows in p["systems"].items():
+            ax.plot([r["rate"] for r in rows], [r[key] for r in rows], "o-", label=name)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("ms")
+        ax.set_title(f"{title}, peer checkpoint ({p['dtype']})")
+        ax.legend(fontsize=7)
 
 
 if __name__ == "__main__":
