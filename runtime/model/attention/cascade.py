@@ -87,6 +87,27 @@ def attend_with_lse(
     return out, lse
 
 
+def attend_prefix(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every query q [n, Hq, D] against all of one prefix's k/v [P, Hkv, D] (no mask): output
+    [n, Hq, D] and log-sum-exp [n, Hq], float32. On CPUs this is torch's flash-attention
+    kernel, which returns the log-sum-exp; elsewhere `attend_with_lse`."""
+    if q.device.type != "cpu":
+        no_bias = torch.zeros(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+        o, lse = attend_with_lse(q[None], k[None], v[None], no_bias, scale)
+        return o[0], lse[0]
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    # No mask, so a KV head's query heads can be folded into the query length: [1, Hkv, n*G, D]
+    # against that head's keys, with no copy of K/V per query head.
+    qf = q.view(n, hkv, hq // hkv, d).transpose(0, 1).reshape(1, hkv, -1, d)
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        qf, k.to(q.dtype).transpose(0, 1)[None], v.to(q.dtype).transpose(0, 1)[None], scale=scale)
+    o = o[0].view(hkv, n, hq // hkv, d).transpose(0, 1).reshape(n, hq, d)
+    return o.float(), lse[0].view(hkv, n, hq // hkv).transpose(0, 1).reshape(n, hq)
+
+
 def merge_lse(
     o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,6 +27,7 @@ from arbor.runtime.memory import KVPool, ReqToTokenPool
 from arbor.runtime.model.attention.base import AttentionBackend
 from arbor.runtime.model.attention.cascade import (
     SharedPrefix,
+    attend_prefix,
     attend_with_lse,
     find_shared_prefixes,
     merge_lse,
@@ -143,10 +144,11 @@ class TorchAttnBackend(AttentionBackend):
                 k_own = k_pages[g.pages].flatten(1, 2)  # [b, L, Hkv, D]
                 v_own = v_pages[g.pages].flatten(1, 2)
             if g.use_sdpa:  # no shared prefix to merge with, so no lse needed
-                mask = g.bias.squeeze(2)[:, None, :, : k_own.shape[1]].to(q.dtype)
+                # Fresh prompts are right-padded, so plain causal masking is exact for real rows.
+                mask = None if g.fresh else g.bias.squeeze(2)[:, None].to(q.dtype)
                 o = F.scaled_dot_product_attention(
                     q_pad.transpose(1, 2), k_own.transpose(1, 2).to(q.dtype), v_own.transpose(1, 2).to(q.dtype),
-                    attn_mask=mask, scale=self.scale, enable_gqa=True,
+                    attn_mask=mask, is_causal=g.fresh, scale=self.scale, enable_gqa=True,
                 ).transpose(1, 2)
                 out[g.tokens] = o[g.tok_req, g.tok_off].float()
                 continue
@@ -169,8 +171,7 @@ class TorchAttnBackend(AttentionBackend):
         out: torch.Tensor, lse: torch.Tensor,
     ) -> None:
         """Attend every new token of the group to the shared prefix at once, then merge."""
-        k_pre = k_pages[sp.pages].flatten(0, 1)[None]  # [1, P, Hkv, D]
-        v_pre = v_pages[sp.pages].flatten(0, 1)[None]
-        no_bias = torch.zeros(1, 1, 1, 1, dtype=torch.float32, device=q.device)
-        o, s = attend_with_lse(q[sp.tokens][None], k_pre, v_pre, no_bias, self.scale)
-        out[sp.tokens], lse[sp.tokens] = merge_lse(out[sp.tokens], lse[sp.tokens], o[0], s[0])
+        k_pre = k_pages[sp.pages].flatten(0, 1)  # [P, Hkv, D]
+        v_pre = v_pages[sp.pages].flatten(0, 1)
+        o, s = attend_prefix(q[sp.tokens], k_pre, v_pre, self.scale)
+        out[sp.tokens], lse[sp.tokens] = merge_lse(out[sp.tokens], lse[sp.tokens], o, s)
