@@ -31,6 +31,7 @@ def apply_penalties(
 
 def block_stop_tokens(logits: torch.Tensor, rows: Sequence[int], stop_ids: Sequence[Sequence[int]]) -> None:
     """In place: rows that have not reached min_new_tokens cannot pick a stop token."""
-    for row, ids in zip(rows, stop_ids):
-        if ids:
-            logits[row, list(ids)] = float("-inf")
+    pairs = [(row, tok) for row, ids in zip(rows, stop_ids) for tok in ids]
+    if pairs:
+        index = torch.tensor(pairs, device=logits.device)
+        logits[index[:, 0], index[:, 1]] = float("-inf")

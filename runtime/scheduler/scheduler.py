@@ -195,6 +195,8 @@ class Scheduler:
         if self.last_was_chunk and self.running:
             self.last_was_chunk = False
             return []  # a decode step between two chunks of a long prompt
+        if not self.waiting and self.chunked is None:
+            return []
         chunk_cap = self.args.chunked_prefill_size or self.runner.context_len
         budget = self.args.max_prefill_tokens
         reserved = sum(int(r.remaining_new_tokens * self.new_token_ratio) for r in self.running)
@@ -353,8 +355,10 @@ class Scheduler:
         params = [r.params for r in reqs]
         if any(p.penalized for p in params):
             apply_penalties(logits, params, [r.output_ids for r in reqs])
-        early = [(i, self.eos_ids + r.params.stop_token_ids) for i, r in enumerate(reqs)
-                 if len(r.output_ids) < r.params.min_new_tokens]
+        # Before min_new_tokens, no token that would stop the request may be picked (EOS does
+        # not stop an ignore_eos request, so it stays allowed there, as in vLLM).
+        early = [(i, r.params.stop_token_ids + ([] if r.params.ignore_eos else self.eos_ids))
+                 for i, r in enumerate(reqs) if len(r.output_ids) < r.params.min_new_tokens]
         if early:
             block_stop_tokens(logits, [i for i, _ in early], [ids for _, ids in early])
         if self.grammar is not None:
