@@ -46,8 +46,8 @@ class _Group:
     pages: torch.Tensor  # [b, n_pages] page index per request (0 = dummy page)
     bias: torch.Tensor  # [b, max_q, 1, n_pages * page_size] float: 0 or -inf
     tokens: torch.Tensor  # [n] rows of q (new tokens) in this group
-    tok_req: torch.Tensor  # [n] their request within the group
-    tok_off: torch.Tensor  # [n] their offset among that request's new tokens
+    padded: torch.Tensor  # [n] their rows in the flattened padded [b * max_q] layout
+    source: torch.Tensor  # [b * max_q] the q row each padded row copies (padding: the last real one)
     max_q: int
     use_sdpa: bool
     fresh: bool  # no request has cached KV: keys are the new tokens' own k/v, no pool read
@@ -87,6 +87,11 @@ class TorchAttnBackend(AttentionBackend):
         order = rest[torch.argsort((batch.seq_lens - start)[rest], stable=True)]
         self.groups = [self._group(batch, rows, start[rows], bool((start[rows] > 0).any()))
                        for rows in torch.tensor_split(order, count) if rows.numel()]
+        # Tokens attended in float32 (the kernel, the lse path) join SDPA's output at the end.
+        exact = [g.tokens for g in self.groups if not g.use_sdpa]
+        exact += [self.kernel.tokens] if self.kernel is not None else []
+        self.any_sdpa = any(g.use_sdpa for g in self.groups)
+        self.exact_tokens = torch.cat(exact) if exact else None
 
     def _kernel_rows(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor) -> _KernelRows:
         ext = batch.extend_lens[rows]
@@ -115,10 +120,15 @@ class TorchAttnBackend(AttentionBackend):
         bias = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
         tok_req = torch.repeat_interleave(torch.arange(rows.numel(), device=dev), ext)
         tok_off = torch.arange(tok_req.numel(), device=dev) - (torch.cumsum(ext, 0) - ext)[tok_req]
-        tokens = batch.qo_indptr[rows].to(torch.int64)[tok_req] + tok_off
+        first = batch.qo_indptr[rows].to(torch.int64)
+        tokens = first[tok_req] + tok_off
+        # Padding rows copy a real row: finite values, masked as keys, dropped as queries.
+        offs = torch.minimum(torch.arange(max_q, device=dev)[None, :], (ext - 1)[:, None])
+        source = (first[:, None] + offs).reshape(-1)
         use_sdpa = max_q >= SDPA_MIN_Q and not shared
         fresh = use_sdpa and not bool(pre.any())
-        return _Group(pages, bias[:, :, None], tokens, tok_req, tok_off, max_q, use_sdpa, fresh)
+        padded = tok_req * max_q + tok_off
+        return _Group(pages, bias[:, :, None], tokens, padded, source, max_q, use_sdpa, fresh)
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
@@ -127,7 +137,7 @@ class TorchAttnBackend(AttentionBackend):
         num_tokens, hq, dim = q.shape
         k_pages = self.kv_pool.k[layer].unflatten(0, (-1, self.page_size))  # [pages, ps, Hkv, D]
         v_pages = self.kv_pool.v[layer].unflatten(0, (-1, self.page_size))
-        out = torch.empty(num_tokens, hq, dim, dtype=torch.float32, device=q.device)
+        out = torch.empty(num_tokens, hq, dim, dtype=torch.float32, device=q.device)  # float32 rows
         lse = torch.empty(num_tokens, hq, dtype=torch.float32, device=q.device)
         if self.kernel is not None:
             kr = self.kernel
@@ -135,8 +145,8 @@ class TorchAttnBackend(AttentionBackend):
                                             self.req_to_token.table, kr.req_rows, kr.kv_start, kr.seq_lens,
                                             kr.qo_indptr, self.scale)
             out[kr.tokens], lse[kr.tokens] = o, s
+        final = torch.empty(num_tokens, hq, dim, dtype=q.dtype, device=q.device) if self.any_sdpa else None
         for g in self.groups:
-            g.pages.shape[0]
             q_pad = self._pad(q, g)
             if g.fresh:
                 k_own, v_own = self._pad(k, g), self._pad(v, g)
@@ -150,21 +160,23 @@ class TorchAttnBackend(AttentionBackend):
                     q_pad.transpose(1, 2), k_own.transpose(1, 2).to(q.dtype), v_own.transpose(1, 2).to(q.dtype),
                     attn_mask=mask, is_causal=g.fresh, scale=self.scale, enable_gqa=True,
                 ).transpose(1, 2)
-                out[g.tokens] = o[g.tok_req, g.tok_off].float()
+                final.index_copy_(0, g.tokens, o.flatten(0, 1).index_select(0, g.padded))
                 continue
             o, s = attend_with_lse(q_pad, k_own, v_own, g.bias, self.scale)
-            out[g.tokens] = o[g.tok_req, g.tok_off]
-            lse[g.tokens] = s[g.tok_req, g.tok_off]
+            out.index_copy_(0, g.tokens, o.flatten(0, 1).index_select(0, g.padded))
+            lse.index_copy_(0, g.tokens, s.flatten(0, 1).index_select(0, g.padded))
         for sp in self.shared:
             self._add_shared(sp, q, k_pages, v_pages, out, lse)
-        return out.to(q.dtype).reshape(num_tokens, hq * dim)
+        if final is None:
+            return out.to(q.dtype).reshape(num_tokens, hq * dim)
+        if self.exact_tokens is not None:
+            final.index_copy_(0, self.exact_tokens, out.index_select(0, self.exact_tokens).to(q.dtype))
+        return final.reshape(num_tokens, hq * dim)
 
     @staticmethod
     def _pad(x: torch.Tensor, g: _Group) -> torch.Tensor:
-        """The group's rows of x [T, H, D] as [b, max_q, H, D], zero-padded."""
-        out = x.new_zeros(g.pages.shape[0], g.max_q, x.shape[1], x.shape[2])
-        out[g.tok_req, g.tok_off] = x[g.tokens]
-        return out
+        """The group's rows of x [T, H, D] as [b, max_q, H, D] (padding repeats a real row)."""
+        return x.index_select(0, g.source).view(-1, g.max_q, x.shape[1], x.shape[2])
 
     def _add_shared(
         self, sp: SharedPrefix, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
