@@ -50,6 +50,11 @@ class ServerArgs:
         2048, "Longest prompt piece prefilled in one step; longer prompts are split and "
         "interleaved with decode steps (0 = never split)."
     )
+    enable_mixed_chunk: bool = _opt(
+        True, "Run prefill chunks and the running requests' decode step in one forward (mixed "
+        "batches), so decoding does not pause while a prompt is prefilled (SGLang's flag; on by "
+        "default here, --no-enable-mixed-chunk turns it off)."
+    )
     max_prefill_tokens: int = _opt(8192, "Token budget of one prefill batch.")
     schedule_policy: str = _opt(
         "lpm", "Order of waiting requests: lpm = longest cached prefix first (cache-aware), "
@@ -139,6 +144,10 @@ class ServerArgs:
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
             help_text = f"{f.metadata['help']} (default: {f.default})"
+            if f.type == "bool" and f.default:  # on by default: --flag / --no-flag
+                parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=True,
+                                    help=f.metadata["help"])
+                continue
             if f.type == "bool":
                 parser.add_argument(flag, dest=f.name, action="store_true", help=f.metadata["help"])
                 continue

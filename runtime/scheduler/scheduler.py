@@ -162,6 +162,10 @@ class Scheduler:
         reqs = [r for r, _ in batch] if batch else list(self.running)
         sent = [r.sent_ids for r in reqs]
         try:
+            if batch and self.running and self.args.enable_mixed_chunk and not self._all_logits(batch):
+                reqs += self.running
+                sent += [r.sent_ids for r in self.running]
+                return outs + self._run_mixed(batch)
             if batch:
                 return outs + self._run_prefill(batch)
             if self.running:
@@ -192,7 +196,7 @@ class Scheduler:
 
     def _prefill_batch(self) -> list[tuple[Req, int]]:
         """Requests to prefill now with the end position of each one's chunk."""
-        if self.last_was_chunk and self.running:
+        if self.last_was_chunk and self.running and not self.args.enable_mixed_chunk:
             self.last_was_chunk = False
             return []  # a decode step between two chunks of a long prompt
         if not self.waiting and self.chunked is None:
@@ -260,28 +264,56 @@ class Scheduler:
                 return True
         return False
 
+    @staticmethod
+    def _all_logits(batch: list[tuple[Req, int]]) -> bool:
+        return any(r.wants_prompt_logprobs for r, _ in batch)
+
+    def _requeue_batch(self, reqs: list[Req]) -> list[ReqOut]:
+        """A prefill batch whose KV could not be reserved (memory estimates were off): put it
+        back and decode instead."""
+        self.chunked = None  # a requeued chunked prompt restarts from its cached prefix
+        if len(reqs) == 1 and not self.running:
+            return [self._refuse_unfittable(reqs[0])]
+        for req in reversed(reqs):
+            self._put_back(req)
+        self.admit_one = True  # until a prefill succeeds: one request at a time, never the same batch
+        return self._run_decode() if self.running else []
+
     def _run_prefill(self, batch: list[tuple[Req, int]]) -> list[ReqOut]:
         reqs = [r for r, _ in batch]
         ends = [e for _, e in batch]
         loc = self.kv.reserve(reqs, ends)
-        if loc is None:  # only when memory estimates were off: put them back and decode
-            self.chunked = None  # a requeued chunked prompt restarts from its cached prefix
-            if len(reqs) == 1 and not self.running:
-                return [self._refuse_unfittable(reqs[0])]
-            for req in reversed(reqs):
-                self._put_back(req)
-            self.admit_one = True  # until a prefill succeeds: one request at a time, never the same batch
-            return self._run_decode() if self.running else []
+        if loc is None:
+            return self._requeue_batch(reqs)
         self.admit_one = False
         fills = [r.fill_ids() for r in reqs]
         new = [f[r.kv_len : e].tolist() for r, f, e in zip(reqs, fills, ends)]
-        want = any(r.wants_prompt_logprobs for r in reqs)
+        want = self._all_logits(batch)
         fb = ForwardBatch.build(ForwardMode.EXTEND, new, [r.kv_len for r in reqs], [r.row for r in reqs],
                                 loc, self.runner.req_to_token.table, return_all_logits=want)
         out = self.runner.forward(fb)
-        logits = out.next_token_logits
         if out.all_logits is not None:
             self._prompt_logprobs(reqs, fills, ends, out.all_logits)
+        return self._finish_prefill(batch, out.next_token_logits)
+
+    def _run_mixed(self, batch: list[tuple[Req, int]]) -> list[ReqOut]:
+        """One forward of the prefill batch's chunks and a decode step of every running
+        request (SGLang's --enable-mixed-chunk): decoding does not pause for a prompt."""
+        reqs = [r for r, _ in batch]
+        decode = list(self.running)
+        loc = self.kv.reserve(reqs + decode, [e for _, e in batch] + [r.seq_len for r in decode])
+        if loc is None:
+            return self._requeue_batch(reqs)
+        self.admit_one = False
+        new = [r.fill_ids()[r.kv_len : e].tolist() for r, e in batch] + self._decode_inputs(decode)[0]
+        fb = ForwardBatch.build(ForwardMode.MIXED, new, [r.kv_len for r in reqs + decode],
+                                [r.row for r in reqs + decode], loc, self.runner.req_to_token.table)
+        logits = self.runner.forward(fb).next_token_logits
+        outs = self._finish_decode(decode, logits[len(reqs) :])
+        return outs + self._finish_prefill(batch, logits[: len(reqs)])
+
+    def _finish_prefill(self, batch: list[tuple[Req, int]], logits: torch.Tensor) -> list[ReqOut]:
+        """Advance the prefilled requests; those whose prompt is done sample their first token."""
         self.counters["prefill_steps"] += 1
         done_rows, done, outs = [], [], []
         self.chunked = None
@@ -334,13 +366,20 @@ class Scheduler:
         if not self.running:
             return []
         reqs = self.running
-        # After a jump-forward a request has several forced tokens to forward: extend then.
-        jumped = any(r.pending_len > 1 for r in reqs)
-        new = [r.fill_ids()[r.kv_len :].tolist() if jumped else [r.output_ids[-1]] for r in reqs]
+        new, jumped = self._decode_inputs(reqs)
         fb = ForwardBatch.build(ForwardMode.EXTEND if jumped else ForwardMode.DECODE, new,
                                 [r.kv_len for r in reqs], [r.row for r in reqs], loc,
                                 self.runner.req_to_token.table)
-        logits = self.runner.forward(fb).next_token_logits
+        return self._finish_decode(reqs, self.runner.forward(fb).next_token_logits)
+
+    @staticmethod
+    def _decode_inputs(reqs: list[Req]) -> tuple[list[list[int]], bool]:
+        """Each running request's tokens to forward: its last output, or after a
+        jump-forward all its forced tokens (then the step is an extend)."""
+        jumped = any(r.pending_len > 1 for r in reqs)
+        return [r.fill_ids()[r.kv_len :].tolist() if jumped else [r.output_ids[-1]] for r in reqs], jumped
+
+    def _finish_decode(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOut]:
         for r in reqs:
             r.kv_len = r.seq_len
         self.counters["decode_steps"] += 1

@@ -27,7 +27,8 @@ def _ids(outs: list[ReqOut], rid: str) -> list[int]:
 
 
 def test_a_failing_forward_ends_only_its_batch(tiny_model):
-    args = ServerArgs(device="cpu", attention_backend="torch", dtype="float32")
+    # Without mixed batches the victim's prefill is a batch of its own.
+    args = ServerArgs(device="cpu", attention_backend="torch", dtype="float32", enable_mixed_chunk=False)
     clean = Scheduler(args, str(tiny_model("llama")))
     clean.add(_req("steady", [11, 12, 13, 14], 6))
     clean_outs: list[ReqOut] = []
@@ -57,6 +58,33 @@ def test_a_failing_forward_ends_only_its_batch(tiny_model):
     sched.add(_req("after", [21, 22, 23], 4))  # the same prompt again: served normally
     after: list[ReqOut] = []
     assert _run(sched, after)["after"].finish_reason == FinishLength(length=4)
+    assert sched.check_invariant() is None
+
+
+def test_a_failing_mixed_step_ends_its_prefill_and_decode_rows_and_serving_goes_on(tiny_model):
+    sched = Scheduler(ServerArgs(device="cpu", attention_backend="torch", dtype="float32"),
+                      str(tiny_model("llama")))
+    sched.add(_req("steady", [11, 12, 13, 14], 6))
+    outs = sched.step()
+    sched.add(_req("victim", [21, 22, 23], 4))
+    forward, faults = sched.runner.forward, []
+
+    def flaky(batch):
+        if not faults:
+            faults.append(batch.mode)
+            raise RuntimeError("injected fault")
+        return forward(batch)
+
+    sched.runner.forward = flaky
+    finished = _run(sched, outs)
+    assert faults[0].value == "mixed", "the victim's prefill rode with steady's decode step"
+    for rid in ("steady", "victim"):
+        reason = finished[rid].finish_reason
+        assert isinstance(reason, FinishAbort) and "injected fault" in reason.message
+    assert len(_ids(outs, "steady")) == 1, "steady keeps the token it had before the failed step"
+    assert sched.check_invariant() is None
+    sched.add(_req("after", [21, 22, 23], 4))
+    assert _run(sched, [])["after"].finish_reason == FinishLength(length=4)
     assert sched.check_invariant() is None
 
 
