@@ -57,6 +57,8 @@ CASES = {
     "decode-shared": [(0, 0, 160, 1), (0, 160, 5, 1), (0, 160, 40, 1), (0, 144, 0, 1), (0, 0, 70, 1)],
     # mixed: decode rows, short extends after the shared prefix, a long prefill, no-prefix rows
     "mixed": [(0, 0, 130, 3), (0, 128, 0, 1), (0, 128, 17, 20), (0, 0, 0, 40), (0, 0, 9, 1), (0, 128, 2, 5)],
+    # plain decode, nothing shared: the kernel alone, reading q in place
+    "decode-private": [(0, 0, 30, 1), (0, 0, 70, 1), (0, 0, 5, 1), (0, 0, 200, 1)],
     "two-prefixes": [(0, 0, 96, 1), (0, 96, 3, 1), (0, 0, 0, 1), (0, 0, 0, 33), (4, 0, 80, 1), (4, 64, 20, 2)],
 }
 
@@ -75,7 +77,9 @@ def test_backend_equals_reference(page_size: int, hq: int, hkv: int, case: str, 
     t = int(batch.extend_lens.sum())
     q, k, v = (torch.randn(t, h, D, generator=gen) for h in (hq, hkv, hkv))
     backend.init_forward_metadata(batch)
-    assert len(backend.shared) == (2 if case == "two-prefixes" else 1), "the case exercises the cascade"
+    shared = {"two-prefixes": 2, "decode-private": 0}.get(case, 1)
+    assert len(backend.shared) == shared, "the case exercises the cascade (or, without sharing, not)"
+    assert backend.ops is None or backend.kernel_only == (case == "decode-private")
     got = backend.forward(q, k, v, 0, batch).view(t, hq, D)
     want = _reference(pool, r2t, batch, q, k, v)
     assert (got - want).abs().max().item() < 1e-5

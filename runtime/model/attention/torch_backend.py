@@ -91,6 +91,9 @@ class TorchAttnBackend(AttentionBackend):
         exact = [g.tokens for g in self.groups if not g.use_sdpa]
         exact += [self.kernel.tokens] if self.kernel is not None else []
         self.any_sdpa = any(g.use_sdpa for g in self.groups)
+        # Every token in order through the kernel alone (plain decode): no copies around it.
+        self.kernel_only = (self.kernel is not None and not self.groups and not self.shared
+                            and self.kernel.tokens.numel() == batch.input_ids.numel())
         self.exact_tokens = torch.cat(exact) if exact else None
 
     def _kernel_rows(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor) -> _KernelRows:
@@ -135,6 +138,11 @@ class TorchAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         self.kv_pool.store(layer, batch.out_cache_loc, k, v)
         num_tokens, hq, dim = q.shape
+        if self.kernel_only:
+            o, _ = self.ops.paged_attention(q, self.kv_pool.k[layer], self.kv_pool.v[layer],
+                                            self.req_to_token.table, self.kernel.req_rows, self.kernel.kv_start,
+                                            self.kernel.seq_lens, self.kernel.qo_indptr, self.scale)
+            return o.to(q.dtype).reshape(num_tokens, hq * dim)
         k_pages = self.kv_pool.k[layer].unflatten(0, (-1, self.page_size))  # [pages, ps, Hkv, D]
         v_pages = self.kv_pool.v[layer].unflatten(0, (-1, self.page_size))
         out = torch.empty(num_tokens, hq, dim, dtype=torch.float32, device=q.device)  # float32 rows
