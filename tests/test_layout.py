@@ -108,7 +108,7 @@ def test_torch_path_never_loads_triton(tiny_model):
         f"Scheduler(args, {str(tiny_model('llama'))!r})\n"
         "print(sorted(m for m in sys.modules if m.startswith('arbor.kernels.')))"
     )
-    assert _run(code, ROOT) == "['arbor.kernels.reference']"
+    assert _run(code, ROOT) == "['arbor.kernels.cpu_ops', 'arbor.kernels.reference']"
 
 
 @pytest.mark.parametrize("cwd", ["root", "elsewhere"])
