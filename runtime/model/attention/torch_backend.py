@@ -139,20 +139,14 @@ class TorchAttnBackend(AttentionBackend):
         self.kv_pool.store(layer, batch.out_cache_loc, k, v)
         num_tokens, hq, dim = q.shape
         if self.kernel_only:
-            o, _ = self.ops.paged_attention(q, self.kv_pool.k[layer], self.kv_pool.v[layer],
-                                            self.req_to_token.table, self.kernel.req_rows, self.kernel.kv_start,
-                                            self.kernel.seq_lens, self.kernel.qo_indptr, self.scale)
-            return o.to(q.dtype).reshape(num_tokens, hq * dim)
+            return self._kernel_attend(q, layer)[0].to(q.dtype).reshape(num_tokens, hq * dim)
         k_pages = self.kv_pool.k[layer].unflatten(0, (-1, self.page_size))  # [pages, ps, Hkv, D]
         v_pages = self.kv_pool.v[layer].unflatten(0, (-1, self.page_size))
         out = torch.empty(num_tokens, hq, dim, dtype=torch.float32, device=q.device)  # float32 rows
         lse = torch.empty(num_tokens, hq, dtype=torch.float32, device=q.device)
         if self.kernel is not None:
-            kr = self.kernel
-            o, s = self.ops.paged_attention(q[kr.tokens], self.kv_pool.k[layer], self.kv_pool.v[layer],
-                                            self.req_to_token.table, kr.req_rows, kr.kv_start, kr.seq_lens,
-                                            kr.qo_indptr, self.scale)
-            out[kr.tokens], lse[kr.tokens] = o, s
+            tokens = self.kernel.tokens
+            out[tokens], lse[tokens] = self._kernel_attend(q[tokens], layer)
         final = torch.empty(num_tokens, hq, dim, dtype=q.dtype, device=q.device) if self.any_sdpa else None
         for g in self.groups:
             q_pad = self._pad(q, g)
@@ -180,6 +174,12 @@ class TorchAttnBackend(AttentionBackend):
         if self.exact_tokens is not None:
             final.index_copy_(0, self.exact_tokens, out.index_select(0, self.exact_tokens).to(q.dtype))
         return final.reshape(num_tokens, hq * dim)
+
+    def _kernel_attend(self, q: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel rows' attention (output and lse, float32); q holds just their tokens."""
+        kr = self.kernel
+        return self.ops.paged_attention(q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table,
+                                        kr.req_rows, kr.kv_start, kr.seq_lens, kr.qo_indptr, self.scale)
 
     @staticmethod
     def _pad(x: torch.Tensor, g: _Group) -> torch.Tensor:
