@@ -301,15 +301,16 @@ class Scheduler:
         request (SGLang's --enable-mixed-chunk): decoding does not pause for a prompt."""
         reqs = [r for r, _ in batch]
         decode = list(self.running)
-        loc = self.kv.reserve(reqs + decode, [e for _, e in batch] + [r.seq_len for r in decode])
+        ends = [r.seq_len for r in decode]
+        loc = self.kv.reserve(reqs + decode, [e for _, e in batch] + ends)
         if loc is None:
             return self._requeue_batch(reqs)
         self.admit_one = False
-        new = [r.fill_ids()[r.kv_len : e].tolist() for r, e in batch] + self._decode_inputs(decode)[0]
+        new = [r.fill_ids()[r.kv_len : e].tolist() for r, e in batch] + self._decode_inputs(decode, ends)[0]
         fb = ForwardBatch.build(ForwardMode.MIXED, new, [r.kv_len for r in reqs + decode],
                                 [r.row for r in reqs + decode], loc, self.runner.req_to_token.table)
         logits = self.runner.forward(fb).next_token_logits
-        outs = self._finish_decode(decode, logits[len(reqs) :])
+        outs = self._finish_decode(decode, ends, logits[len(reqs) :])
         return outs + self._finish_prefill(batch, logits[: len(reqs)])
 
     def _finish_prefill(self, batch: list[tuple[Req, int]], logits: torch.Tensor) -> list[ReqOut]:
@@ -366,22 +367,22 @@ class Scheduler:
         if not self.running:
             return []
         reqs = self.running
-        new, jumped = self._decode_inputs(reqs)
+        new, jumped = self._decode_inputs(reqs, ends)
         fb = ForwardBatch.build(ForwardMode.EXTEND if jumped else ForwardMode.DECODE, new,
                                 [r.kv_len for r in reqs], [r.row for r in reqs], loc,
                                 self.runner.req_to_token.table)
-        return self._finish_decode(reqs, self.runner.forward(fb).next_token_logits)
+        return self._finish_decode(reqs, ends, self.runner.forward(fb).next_token_logits)
 
     @staticmethod
-    def _decode_inputs(reqs: list[Req]) -> tuple[list[list[int]], bool]:
-        """Each running request's tokens to forward: its last output, or after a
-        jump-forward all its forced tokens (then the step is an extend)."""
-        jumped = any(r.pending_len > 1 for r in reqs)
+    def _decode_inputs(reqs: list[Req], ends: list[int]) -> tuple[list[list[int]], bool]:
+        """Each running request's tokens to forward, up to its `end` (its seq_len): its last
+        output, or after a jump-forward all its forced tokens (then the step is an extend)."""
+        jumped = any(e - r.kv_len > 1 for r, e in zip(reqs, ends))
         return [r.fill_ids()[r.kv_len :].tolist() if jumped else [r.output_ids[-1]] for r in reqs], jumped
 
-    def _finish_decode(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOut]:
-        for r in reqs:
-            r.kv_len = r.seq_len
+    def _finish_decode(self, reqs: list[Req], ends: list[int], logits: torch.Tensor) -> list[ReqOut]:
+        for r, e in zip(reqs, ends):
+            r.kv_len = e
         self.counters["decode_steps"] += 1
         self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         outs = self._sample_and_finish(reqs, logits)
@@ -418,7 +419,6 @@ class Scheduler:
                 req.logprobs.append(logprobs[i])
                 if top is not None and req.top_logprobs_num:
                     req.top_logprobs.append(top[i][: req.top_logprobs_num])
-            self.counters["generated_tokens"] += 1
             req.finish_reason = self._finish_reason(req, tok)
             if req.matcher is not None and req.finish_reason is None:
                 req.finish_reason = self._grammar_step(req, tok)
@@ -426,6 +426,7 @@ class Scheduler:
                 outs.append(self._finish(req))
             elif req.stream or req.output.scans_text:
                 outs.append(self._out(req))
+        self.counters["generated_tokens"] += len(reqs)
         return outs
 
     def _finish_reason(self, req: Req, tok: int) -> FinishReason | None:
