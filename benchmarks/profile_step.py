@@ -70,9 +70,11 @@ def instrument(sched: Any, clock: Clock) -> None:
     """Wrap the model's parts and the sampler so `clock` sees each one."""
     from torch import nn
 
+    from arbor.runtime.model.packed import PackedLinear
+
     model = sched.runner.model
     for module in model.modules():
-        if isinstance(module, nn.Linear):
+        if isinstance(module, (nn.Linear, PackedLinear)):
             module.forward = clock.wrap("GEMMs", module.forward)
         if hasattr(module, "kernel"):  # RMSNorm
             module.kernel = clock.wrap("norm/rope/act", module.kernel)

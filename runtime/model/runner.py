@@ -15,6 +15,7 @@ from arbor.runtime.model.attention import create_backend, resolve_backend
 from arbor.runtime.model.forward_batch import ForwardBatch
 from arbor.runtime.model.fused import use_cpu_kernels, use_triton_kernels
 from arbor.runtime.model.loader import load_model
+from arbor.runtime.model.packed import can_pack, pack_linears
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class ModelRunner:
             use_triton_kernels(self.model)
         elif self.device.type == "cpu":
             use_cpu_kernels(self.model)
+        if can_pack(self.dtype, self.device):
+            pack_linears(self.model)
         logger.info(
             "loaded %s (%s, %s) on %s: KV cache %d tokens (%.1f MiB), context %d",
             model_path, cfg.architecture, str(self.dtype).removeprefix("torch."), self.device,

@@ -74,6 +74,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.packed_head: nn.Module | None = None  # a tied head packed for CPU matmuls (packed.py)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states [T, hidden] of every new token."""
@@ -86,8 +87,11 @@ class LlamaForCausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, vocab] for hidden states [N, hidden]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (hidden @ weight.T).float()
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
+        return (hidden @ self.embed_tokens.weight.T).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; every parameter
