@@ -252,7 +252,12 @@ def run_peers(systems: list[str], repeats: int, hf_sizes: str) -> dict[str, Any]
             for w in workloads:
                 fn = peers.chat_trace if w == "chat" else peers.throughput
                 args = (system,) if w == "chat" else (system, peers.w1() if w == "W1" else peers.w2())
-                out["systems"].setdefault(name, {})[w] = median_of(fn, *args) | {"notes": system.notes}
+                try:
+                    out["systems"].setdefault(name, {})[w] = median_of(fn, *args) | {"notes": system.notes}
+                except Exception as exc:  # one failing peer run must not lose the others
+                    out["skipped"][f"{name} {w}"] = f"failed: {type(exc).__name__}: {exc}"
+                    print(f"  {name:24} {w:5} failed: {exc}", flush=True)
+                    continue
                 print(f"  {name:24} {w:5} {out['systems'][name][w]['tok_s']:8.1f} tok/s", flush=True)
 
     for name in systems:

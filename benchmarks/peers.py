@@ -192,7 +192,10 @@ async def _stream(client: httpx.AsyncClient, system: System, prompt: list[int], 
 
 
 def client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(timeout=httpx.Timeout(1800), limits=httpx.Limits(max_connections=256))
+    """A connection per request (no keep-alive): a server that closes an idle kept-alive
+    connection (llama-server did, once, mid-run) must not fail the next request."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(1800),
+                             limits=httpx.Limits(max_connections=256, max_keepalive_connections=0))
 
 
 async def run_all(system: System, work: Workload) -> float:
