@@ -217,7 +217,11 @@ def run_peers(systems: list[str], rates: list[float], n: int) -> dict[str, Any]:
         with start() as system:
             out["systems"][name] = []
             for i, rate in enumerate(rates):
-                row = peers.poisson(system, rate, n, seed=10 + i)
+                try:
+                    row = peers.poisson(system, rate, n, seed=10 + i)
+                except Exception as exc:  # one failing peer run must not lose the others
+                    out["skipped"][f"{name} {rate} req/s"] = f"failed: {type(exc).__name__}: {exc}"
+                    continue
                 out["systems"][name].append(row)
                 print(f"  {name:26} {rate:>4} req/s  TTFT p50 {row['ttft_p50_ms']:7.0f}  TPOT p99 "
                       f"{row['tpot_p99_ms']:6.1f} ms", flush=True)
