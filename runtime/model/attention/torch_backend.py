@@ -44,7 +44,7 @@ class _Group:
     """Requests padded together; each one's own KV starts at a page boundary."""
 
     pages: torch.Tensor  # [b, n_pages] page index per request (0 = dummy page)
-    bias: torch.Tensor  # [b, max_q, 1, n_pages * page_size] float: 0 or -inf
+    bias: torch.Tensor  # [b, max_q, 1, n_pages * page_size] float: 0 or -inf (empty when fresh)
     tokens: torch.Tensor  # [n] rows of q (new tokens) in this group
     padded: torch.Tensor  # [n] their rows in the flattened padded [b * max_q] layout
     source: torch.Tensor  # [b * max_q] the q row each padded row copies (padding: the last real one)
@@ -114,13 +114,9 @@ class TorchAttnBackend(AttentionBackend):
         page_pos = page_pos.clamp_(max=self.req_to_token.max_context_len - 1)
         table = self.req_to_token.table[batch.req_pool_indices[rows, None], page_pos]
         pages = torch.div(table, ps, rounding_mode="floor").to(torch.int64)
-        kv_pos = start[:, None, None] + torch.arange(n_pages * ps, device=dev)[None, None, :]
-        q_pos = (pre[:, None] + torch.arange(max_q, device=dev)[None, :])[:, :, None]
-        allowed = (kv_pos <= q_pos) & (kv_pos < seq[:, None, None])
-        # Padding query rows see their first key instead of nothing, so softmax has no
-        # all-masked row (NaN); their outputs are dropped.
-        allowed[:, :, 0] = True
-        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))
+        use_sdpa = max_q >= SDPA_MIN_Q and not shared
+        fresh = use_sdpa and not bool(pre.any())
+        bias = torch.empty(0, device=dev) if fresh else self._bias(start, seq, pre, max_q, n_pages * ps)
         tok_req = torch.repeat_interleave(torch.arange(rows.numel(), device=dev), ext)
         tok_off = torch.arange(tok_req.numel(), device=dev) - (torch.cumsum(ext, 0) - ext)[tok_req]
         first = batch.qo_indptr[rows].to(torch.int64)
@@ -128,10 +124,21 @@ class TorchAttnBackend(AttentionBackend):
         # Padding rows copy a real row: finite values, masked as keys, dropped as queries.
         offs = torch.minimum(torch.arange(max_q, device=dev)[None, :], (ext - 1)[:, None])
         source = (first[:, None] + offs).reshape(-1)
-        use_sdpa = max_q >= SDPA_MIN_Q and not shared
-        fresh = use_sdpa and not bool(pre.any())
         padded = tok_req * max_q + tok_off
-        return _Group(pages, bias[:, :, None], tokens, padded, source, max_q, use_sdpa, fresh)
+        return _Group(pages, bias, tokens, padded, source, max_q, use_sdpa, fresh)
+
+    @staticmethod
+    def _bias(start: torch.Tensor, seq: torch.Tensor, pre: torch.Tensor, max_q: int, width: int) -> torch.Tensor:
+        """[b, max_q, 1, width] float mask, 0 or -inf: causal over each request's own keys.
+        Fresh groups need none (SDPA's is_causal is exact for them)."""
+        dev = start.device
+        kv_pos = start[:, None, None] + torch.arange(width, device=dev)[None, None, :]
+        q_pos = (pre[:, None] + torch.arange(max_q, device=dev)[None, :])[:, :, None]
+        allowed = (kv_pos <= q_pos) & (kv_pos < seq[:, None, None])
+        # Padding query rows see their first key instead of nothing, so softmax has no
+        # all-masked row (NaN); their outputs are dropped.
+        allowed[:, :, 0] = True
+        return torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))[:, :, None]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
