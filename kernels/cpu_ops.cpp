@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -75,11 +76,13 @@ inline float exp_nonpositive(float x) {
 // out[t, h] = softmax(q[t, h] . K / sqrt) V over the keys of token t's request, which are the
 // slots table[row, kv_start .. pos] of the pool (pos = the token's own position, so causal).
 // Each task is one (token, KV head): every query head of the group reads each key row once.
+// With a prior (the output and log-sum-exp of attention over other keys, e.g. a shared
+// prefix), the softmax starts from that state, so the result covers both key sets.
 template <typename T, int64_t kDim>
 void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                           const at::Tensor& table, const at::Tensor& rows, const at::Tensor& kv_start,
-                          const at::Tensor& seq_lens, const at::Tensor& qo_indptr, at::Tensor& out,
-                          at::Tensor& lse, double scale) {
+                          const at::Tensor& seq_lens, const at::Tensor& qo_indptr, const float* prior_out,
+                          const float* prior_lse, at::Tensor& out, at::Tensor& lse, double scale) {
   const int64_t tokens = q.size(0), hq = q.size(1), hkv = k_pool.size(1);
   const int64_t dim = kDim > 0 ? kDim : q.size(2);  // a compile-time head dim unrolls the inner loops
   const int64_t group = hq / hkv, width = table.size(1), batch = rows.size(0);
@@ -107,12 +110,15 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const a
       const int64_t pos = ld[b] - (qo[b + 1] - qo[b]) + (t - qo[b]);
       const int32_t* slots = td + rd[b] * width;
       for (int64_t g = 0; g < group; ++g) {
+        const int64_t head = t * hq + h * group + g;
         const T* src = qd + t * q_tok + (h * group + g) * q_head;
         for (int64_t d = 0; d < dim; ++d) qf[g * dim + d] = widen(src[d]) * static_cast<float>(scale);
-        mx[g] = -std::numeric_limits<float>::infinity();
-        sum[g] = 0.f;
+        // State (max, sum, acc) = (lse, 1, out) reproduces a prior; (-inf, 0, 0) is empty.
+        const bool has_prior = prior_lse != nullptr && prior_lse[head] > -std::numeric_limits<float>::infinity();
+        mx[g] = has_prior ? prior_lse[head] : -std::numeric_limits<float>::infinity();
+        sum[g] = has_prior ? 1.f : 0.f;
+        for (int64_t d = 0; d < dim; ++d) acc[g * dim + d] = has_prior ? prior_out[head * dim + d] : 0.f;
       }
-      std::fill(acc, acc + group * dim, 0.f);
       for (int64_t j0 = sd[b]; j0 <= pos; j0 += kBlock) {
         const int64_t n = std::min(kBlock, pos + 1 - j0);
         for (int64_t j = 0; j < n; ++j) {
@@ -171,19 +177,31 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
                                                    const at::Tensor& v_pool, const at::Tensor& table,
                                                    const at::Tensor& rows, const at::Tensor& kv_start,
                                                    const at::Tensor& seq_lens, const at::Tensor& qo_indptr,
-                                                   double scale) {
+                                                   double scale, const std::optional<at::Tensor>& prior_out,
+                                                   const std::optional<at::Tensor>& prior_lse) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [T, Hq, D] with unit last stride");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "the KV pools must be contiguous");
   TORCH_CHECK(q.scalar_type() == k_pool.scalar_type(), "q and the KV pool must share a dtype");
   TORCH_CHECK(table.scalar_type() == at::kInt && table.is_contiguous(), "table must be contiguous int32");
   for (const auto* idx : {&rows, &kv_start, &seq_lens, &qo_indptr})
     TORCH_CHECK(idx->scalar_type() == at::kLong && idx->is_contiguous(), "index tensors must be contiguous int64");
+  TORCH_CHECK(prior_out.has_value() == prior_lse.has_value(), "give both prior_out and prior_lse, or neither");
+  const float* po = nullptr;
+  const float* pl = nullptr;
+  if (prior_out.has_value()) {
+    TORCH_CHECK(prior_out->scalar_type() == at::kFloat && prior_out->is_contiguous() &&
+                    prior_out->sizes() == q.sizes(), "prior_out must be contiguous float32 shaped like q");
+    TORCH_CHECK(prior_lse->scalar_type() == at::kFloat && prior_lse->is_contiguous() &&
+                    prior_lse->numel() == q.size(0) * q.size(1), "prior_lse must be contiguous float32 [T, Hq]");
+    po = prior_out->data_ptr<float>();
+    pl = prior_lse->data_ptr<float>();
+  }
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   auto lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     const auto run = [&](auto dim) {
       paged_attention_impl<scalar_t, decltype(dim)::value>(q, k_pool, v_pool, table, rows, kv_start, seq_lens,
-                                                           qo_indptr, out, lse, scale);
+                                                           qo_indptr, po, pl, out, lse, scale);
     };
     if (q.size(2) == 64) {
       run(std::integral_constant<int64_t, 64>{});

@@ -60,12 +60,13 @@ class PageAllocator:
             return None
         taken = self._free[len(self._free) - num_pages:]
         del self._free[len(self._free) - num_pages:]
-        return taken
+        return taken[::-1]  # in pop order: a fresh pool hands out ascending, consecutive pages
 
     def free_slots(self, slots: torch.Tensor) -> None:
-        """Return the pages that `slots` (whole pages of slot indices) occupy."""
+        """Return the pages that `slots` (whole pages of slot indices) occupy; the next
+        allocation gets them back in the same order, so freed runs stay consecutive."""
         pages = slots[slots % self.page_size == 0] // self.page_size
-        self._free.extend(pages.tolist())
+        self._free.extend(reversed(pages.tolist()))
 
 
 class ReqToTokenPool:

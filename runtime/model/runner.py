@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class LogitsOutput:
-    """next_token_logits [B, V] (float32); all_logits [T, V] when the batch asked for them."""
+    """next_token_logits [B, V]; all_logits [T, V] when the batch asked for them. Both in the
+    model's dtype: an argmax needs no float32 copy of 50k columns a row; sampling widens."""
 
     next_token_logits: torch.Tensor
     all_logits: torch.Tensor | None = None

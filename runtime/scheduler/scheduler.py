@@ -137,9 +137,12 @@ class Scheduler:
         return outs
 
     def flush_cache(self) -> None:
-        """Drop every cached prefix no running request holds."""
+        """Drop every cached prefix no running request holds; with nothing running, the pool
+        starts over in order (fresh prompts get consecutive pages again)."""
         if self.tree is not None:
             self.kv.make_room(self.kv.available())
+        if not self.has_work and self.runner.allocator.available() == self.runner.allocator.total_slots:
+            self.runner.allocator.reset()
 
     @property
     def has_work(self) -> bool:
@@ -349,7 +352,7 @@ class Scheduler:
                 last = min(end + 1, len(req.origin_ids))
                 if last > first:
                     rows = all_logits[offset + first - 1 - req.kv_len : offset + last - 1 - req.kv_len]
-                    lp = torch.log_softmax(rows, -1)
+                    lp = torch.log_softmax(rows.float(), -1)
                     targets = torch.tensor(fill[first:last].tolist(), device=lp.device)
                     req.input_logprobs += lp.gather(1, targets[:, None])[:, 0].tolist()
                     if req.top_logprobs_num:
@@ -393,6 +396,8 @@ class Scheduler:
 
     def _sample_and_finish(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOut]:
         params = [r.params for r in reqs]
+        if not all(p.greedy and not p.penalized for p in params) or any(r.return_logprob for r in reqs):
+            logits = logits.float()  # probabilities and penalties in float32; an argmax needs neither
         if any(p.penalized for p in params):
             apply_penalties(logits, params, [r.output_ids for r in reqs])
         # Before min_new_tokens, no token that would stop the request may be picked (EOS does

@@ -57,6 +57,8 @@ CASES = {
     "decode-shared": [(0, 0, 160, 1), (0, 160, 5, 1), (0, 160, 40, 1), (0, 144, 0, 1), (0, 0, 70, 1)],
     # mixed: decode rows, short extends after the shared prefix, a long prefill, no-prefix rows
     "mixed": [(0, 0, 130, 3), (0, 128, 0, 1), (0, 128, 17, 20), (0, 0, 0, 40), (0, 0, 9, 1), (0, 128, 2, 5)],
+    # every row after one shared prefix (W2 exactly): the prefix's part is the kernel's prior
+    "decode-all-shared": [(0, 0, 160, 1), (0, 160, 5, 1), (0, 160, 40, 1), (0, 144, 0, 1)],
     # plain decode, nothing shared: the kernel alone, reading q in place
     "decode-private": [(0, 0, 30, 1), (0, 0, 70, 1), (0, 0, 5, 1), (0, 0, 200, 1)],
     "two-prefixes": [(0, 0, 96, 1), (0, 96, 3, 1), (0, 0, 0, 1), (0, 0, 0, 33), (4, 0, 80, 1), (4, 64, 20, 2)],
@@ -67,7 +69,8 @@ CASES = {
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (8, 2)])
 @pytest.mark.parametrize("case", CASES)
-def test_backend_equals_reference(page_size: int, hq: int, hkv: int, case: str, kernel: bool) -> None:
+@pytest.mark.parametrize("gathered", [False, True], ids=["prefix-view", "prefix-gathered"])
+def test_backend_equals_reference(page_size: int, hq: int, hkv: int, case: str, kernel: bool, gathered: bool) -> None:
     backend, batch, pool, r2t = _setup(page_size, hkv, CASES[case])
     if kernel:
         assert backend.ops is not None, "the CPU kernels build on this machine (a compiler is present)"
@@ -79,7 +82,11 @@ def test_backend_equals_reference(page_size: int, hq: int, hkv: int, case: str, 
     backend.init_forward_metadata(batch)
     shared = {"two-prefixes": 2, "decode-private": 0}.get(case, 1)
     assert len(backend.shared) == shared, "the case exercises the cascade (or, without sharing, not)"
-    assert backend.ops is None or backend.kernel_only == (case == "decode-private")
+    assert all(sp.first_page >= 0 for sp in backend.shared), "a prefix reserved at once has consecutive pages"
+    if gathered:
+        for sp in backend.shared:
+            sp.first_page = -1
+    assert backend.ops is None or backend.kernel_all == case.startswith("decode")
     got = backend.forward(q, k, v, 0, batch).view(t, hq, D)
     want = _reference(pool, r2t, batch, q, k, v)
     assert (got - want).abs().max().item() < 1e-5

@@ -20,6 +20,7 @@ class SharedPrefix:
     length: int
     pages: torch.Tensor  # [length // page_size] int64 page indices of the prefix
     tokens: torch.Tensor  # [n] int64 rows of q: every new token of every member
+    first_page: int  # pages[0] when the pages are consecutive (K/V then read as a view), else -1
 
 
 def find_shared_prefixes(batch: ForwardBatch, table: torch.Tensor, page_size: int) -> list[SharedPrefix]:
@@ -45,8 +46,10 @@ def find_shared_prefixes(batch: ForwardBatch, table: torch.Tensor, page_size: in
         if length < MIN_SHARED:
             continue
         members = eligible[idx]
-        found.append(SharedPrefix(members, length, _pages(rows[idx[0], :length], page_size),
-                                  _new_token_rows(batch, members)))
+        pages = _pages(rows[idx[0], :length], page_size)
+        consecutive = pages.numel() == 1 or bool((pages[1:] - pages[:-1] == 1).all())
+        found.append(SharedPrefix(members, length, pages, _new_token_rows(batch, members),
+                                  int(pages[0]) if consecutive else -1))
     return found
 
 

@@ -91,9 +91,9 @@ class TorchAttnBackend(AttentionBackend):
         exact = [g.tokens for g in self.groups if not g.use_sdpa]
         exact += [self.kernel.tokens] if self.kernel is not None else []
         self.any_sdpa = any(g.use_sdpa for g in self.groups)
-        # Every token in order through the kernel alone (plain decode): no copies around it.
-        self.kernel_only = (self.kernel is not None and not self.groups and not self.shared
-                            and self.kernel.tokens.numel() == batch.input_ids.numel())
+        # Every token in order through the kernel (decode, or suffixes after one shared
+        # prefix): no copies around it, the prefix's part handed to it as its starting state.
+        self.kernel_all = self.kernel is not None and not self.groups
         self.exact_tokens = torch.cat(exact) if exact else None
 
     def _kernel_rows(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor) -> _KernelRows:
@@ -145,15 +145,17 @@ class TorchAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         self.kv_pool.store(layer, batch.out_cache_loc, k, v)
         num_tokens, hq, dim = q.shape
-        if self.kernel_only:
-            return self._kernel_attend(q, layer)[0].to(q.dtype).reshape(num_tokens, hq * dim)
         k_pages = self.kv_pool.k[layer].unflatten(0, (-1, self.page_size))  # [pages, ps, Hkv, D]
         v_pages = self.kv_pool.v[layer].unflatten(0, (-1, self.page_size))
+        prior = self._shared_part(q, k_pages, v_pages) if self.shared else None
+        if self.kernel_all:
+            return self._kernel_attend(q, layer, prior)[0].to(q.dtype).reshape(num_tokens, hq * dim)
         out = torch.empty(num_tokens, hq, dim, dtype=torch.float32, device=q.device)  # float32 rows
         lse = torch.empty(num_tokens, hq, dtype=torch.float32, device=q.device)
         if self.kernel is not None:
             tokens = self.kernel.tokens
-            out[tokens], lse[tokens] = self._kernel_attend(q[tokens], layer)
+            own_prior = None if prior is None else (prior[0][tokens], prior[1][tokens])
+            out[tokens], lse[tokens] = self._kernel_attend(q[tokens], layer, own_prior)
         final = torch.empty(num_tokens, hq, dim, dtype=q.dtype, device=q.device) if self.any_sdpa else None
         for g in self.groups:
             q_pad = self._pad(q, g)
@@ -172,33 +174,49 @@ class TorchAttnBackend(AttentionBackend):
                 final.index_copy_(0, g.tokens, o.flatten(0, 1).index_select(0, g.padded))
                 continue
             o, s = attend_with_lse(q_pad, k_own, v_own, g.bias, self.scale)
-            out.index_copy_(0, g.tokens, o.flatten(0, 1).index_select(0, g.padded))
-            lse.index_copy_(0, g.tokens, s.flatten(0, 1).index_select(0, g.padded))
-        for sp in self.shared:
-            self._add_shared(sp, q, k_pages, v_pages, out, lse)
+            o, s = o.flatten(0, 1).index_select(0, g.padded), s.flatten(0, 1).index_select(0, g.padded)
+            if prior is not None:
+                o, s = merge_lse(o, s, prior[0][g.tokens], prior[1][g.tokens])
+            out.index_copy_(0, g.tokens, o)
+            lse.index_copy_(0, g.tokens, s)
         if final is None:
             return out.to(q.dtype).reshape(num_tokens, hq * dim)
         if self.exact_tokens is not None:
             final.index_copy_(0, self.exact_tokens, out.index_select(0, self.exact_tokens).to(q.dtype))
         return final.reshape(num_tokens, hq * dim)
 
-    def _kernel_attend(self, q: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kernel rows' attention (output and lse, float32); q holds just their tokens."""
+    def _kernel_attend(self, q: torch.Tensor, layer: int, prior: tuple[torch.Tensor, torch.Tensor] | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernel rows' attention (output and lse, float32), starting from `prior` (their
+        shared prefix's part) where given; q holds just their tokens."""
         kr = self.kernel
+        po, pl = (None, None) if prior is None else (prior[0].contiguous(), prior[1].contiguous())
         return self.ops.paged_attention(q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table,
-                                        kr.req_rows, kr.kv_start, kr.seq_lens, kr.qo_indptr, self.scale)
+                                        kr.req_rows, kr.kv_start, kr.seq_lens, kr.qo_indptr, self.scale, po, pl)
+
+    def _shared_part(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's attention to its group's shared prefix, all the group's new tokens at
+        once: output [T, Hq, D] and lse [T, Hq] (-inf for tokens in no group), float32."""
+        if len(self.shared) == 1 and self.shared[0].tokens.numel() == q.shape[0]:  # every token, in order
+            return attend_prefix(q, *self._prefix_kv(self.shared[0], k_pages, v_pages), self.scale)
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
+        for sp in self.shared:
+            out[sp.tokens], lse[sp.tokens] = attend_prefix(q[sp.tokens], *self._prefix_kv(sp, k_pages, v_pages),
+                                                           self.scale)
+        return out, lse
+
+    @staticmethod
+    def _prefix_kv(sp: SharedPrefix, k_pages: torch.Tensor, v_pages: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix's K and V [P, Hkv, D]: a view when its pages are consecutive, else gathered."""
+        if sp.first_page >= 0:
+            pages = slice(sp.first_page, sp.first_page + sp.pages.numel())
+            return k_pages[pages].flatten(0, 1), v_pages[pages].flatten(0, 1)
+        return k_pages[sp.pages].flatten(0, 1), v_pages[sp.pages].flatten(0, 1)
 
     @staticmethod
     def _pad(x: torch.Tensor, g: _Group) -> torch.Tensor:
         """The group's rows of x [T, H, D] as [b, max_q, H, D] (padding repeats a real row)."""
         return x.index_select(0, g.source).view(-1, g.max_q, x.shape[1], x.shape[2])
-
-    def _add_shared(
-        self, sp: SharedPrefix, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-        out: torch.Tensor, lse: torch.Tensor,
-    ) -> None:
-        """Attend every new token of the group to the shared prefix at once, then merge."""
-        k_pre = k_pages[sp.pages].flatten(0, 1)  # [P, Hkv, D]
-        v_pre = v_pages[sp.pages].flatten(0, 1)
-        o, s = attend_prefix(q[sp.tokens], k_pre, v_pre, self.scale)
-        out[sp.tokens], lse[sp.tokens] = merge_lse(out[sp.tokens], lse[sp.tokens], o, s)

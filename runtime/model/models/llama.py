@@ -86,12 +86,12 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits [N, vocab] for hidden states [N, hidden]."""
+        """Logits [N, vocab] in the model's dtype for hidden states [N, hidden]."""
         if self.lm_head is not None:
-            return self.lm_head(hidden).float()
+            return self.lm_head(hidden)
         if self.packed_head is not None:
-            return self.packed_head(hidden).float()
-        return (hidden @ self.embed_tokens.weight.T).float()
+            return self.packed_head(hidden)
+        return hidden @ self.embed_tokens.weight.T
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; every parameter
