@@ -22,6 +22,7 @@
 namespace {
 
 constexpr int64_t kBlock = 64;  // keys scored per block before their softmax update
+constexpr int64_t kPrefetch = 8;  // keys ahead whose K row is fetched into cache
 constexpr int64_t kMaxGroup = 16, kMaxDim = 256;
 
 template <typename T>
@@ -73,6 +74,12 @@ inline float exp_nonpositive(float x) {
 
 // ------------------------------------------------------------------ attention
 
+template <typename T>
+inline void prefetch_row(const T* row, int64_t dim) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < dim * static_cast<int64_t>(sizeof(T)); off += 64) __builtin_prefetch(p + off);
+}
+
 // out[t, h] = softmax(q[t, h] . K / sqrt) V over the keys of token t's request, which are the
 // slots table[row, kv_start .. pos] of the pool (pos = the token's own position, so causal).
 // Each task is one (token, KV head): every query head of the group reads each key row once.
@@ -122,6 +129,10 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const a
       for (int64_t j0 = sd[b]; j0 <= pos; j0 += kBlock) {
         const int64_t n = std::min(kBlock, pos + 1 - j0);
         for (int64_t j = 0; j < n; ++j) {
+          // Slots scatter over the pool (decode steps interleave requests), so each row is a
+          // cache miss unless fetched ahead: K rows kPrefetch keys ahead, V rows for the V pass.
+          if (j0 + j + kPrefetch <= pos) prefetch_row(kd + (static_cast<int64_t>(slots[j0 + j + kPrefetch]) * hkv + h) * dim, dim);
+          prefetch_row(vd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim, dim);
           const T* kr = kd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim;
 #pragma omp simd
           for (int64_t d = 0; d < dim; ++d) row[d] = widen(kr[d]);
