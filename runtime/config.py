@@ -118,6 +118,18 @@ class ServerArgs:
     disable_jump_forward: bool = _opt(
         False, "Sample every token of constrained output, even where the grammar forces the text."
     )
+    speculative_algorithm: str | None = _opt(
+        None, "Speculative decoding: ngram = guess each request's next tokens from its own prompt and "
+        "output (prompt lookup), verify them in one forward; empty = off. Greedy outputs are unchanged; "
+        "sampled ones keep the target distribution (rejection sampling).", ("ngram",),
+    )
+    speculative_num_draft_tokens: int = _opt(4, "Guesses per request per step (K); a step commits 1 to K + 1 tokens.")
+    speculative_ngram_min_match: int = _opt(1, "Shortest suffix of a request's tokens looked up for guesses.")
+    speculative_ngram_max_match: int = _opt(4, "Longest suffix looked up (longer matches are tried first).")
+    speculative_max_batch: int = _opt(
+        8, "Speculate only while at most this many requests decode: larger batches are compute-bound, "
+        "where verifying K extra tokens a request costs more than the accepted ones save."
+    )
     log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
 
     def __post_init__(self) -> None:
@@ -135,6 +147,10 @@ class ServerArgs:
             raise ValueError(f"grammar_max_pending must be >= 1, got {self.grammar_max_pending}")
         if self.grammar_workers < 1 or self.grammar_compile_timeout_s <= 0 or self.grammar_max_memory_mb < 256:
             raise ValueError("grammar_workers must be >= 1, grammar_compile_timeout_s > 0, grammar_max_memory_mb >= 256")
+        if self.speculative_num_draft_tokens < 1 or self.speculative_max_batch < 1:
+            raise ValueError("speculative_num_draft_tokens and speculative_max_batch must be >= 1")
+        if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:
+            raise ValueError("need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
 

@@ -84,7 +84,8 @@ class IncrementalDetokenizer:
             texts.append(TextOut(
                 rid=out.rid, text=delta, output_ids=new_ids, finish_reason=reason,
                 prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-                cached_tokens=out.cached_tokens, logprobs=out.logprobs, top_logprobs=out.top_logprobs,
+                cached_tokens=out.cached_tokens, spec_verify_ct=out.spec_verify_ct, logprobs=out.logprobs,
+                top_logprobs=out.top_logprobs,
                 input_logprobs=out.input_logprobs, input_top_logprobs=out.input_top_logprobs,
             ))
             if reason is not None:

@@ -28,6 +28,8 @@ class MetaInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    spec_verify_ct: int | None = None  # speculative verify steps (SGLang's field), when speculation ran
+    spec_accept_len: float | None = None  # completion tokens per verify step
     output_token_logprobs: list[LogprobEntry] | None = None
     output_top_logprobs: list[list[LogprobEntry]] | None = None
     output_token_logprobs_length: int | None = None

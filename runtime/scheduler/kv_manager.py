@@ -90,6 +90,14 @@ class KVManager:
             r.mapped_len = max(r.mapped_len, _ceil(e, self.page))
         return loc
 
+    def truncate(self, req: Req, length: int) -> None:
+        """Unmap positions from `length` on (rejected speculative guesses), freeing the pages
+        wholly past it; their K/V, written by the verify step, is garbage from now on."""
+        keep = _ceil(length, self.page)
+        if req.mapped_len > keep:
+            self.allocator.free_slots(self.req_to_token.table[req.row, keep : req.mapped_len].to(torch.int64))
+            req.mapped_len = keep
+
     def cache_prefix(self, req: Req) -> None:
         """Insert the KV computed so far into the tree and adopt the tree's slots for it."""
         if self.tree is None:

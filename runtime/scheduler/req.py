@@ -48,6 +48,7 @@ class Req:
     retractions: int = 0
     admitted: bool = False  # counted in the prompt/cached token counters (once, at first admission)
     sent_ids: int = 0  # output ids already sent down the ring
+    spec_verify_ct: int = 0  # speculative verify steps this request took part in
     finish_reason: FinishReason | None = None
     constraint: Any = None  # grammar.Constraint of a constrained request
     grammar_future: Any = None  # Future of its CompiledGrammar while it compiles

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import numpy as np
 import torch
 
 from arbor.grammar.compiler import GrammarBusy
@@ -34,6 +35,7 @@ from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.policy import order_waiting
 from arbor.runtime.scheduler.req import Req
+from arbor.runtime.scheduler.speculative import NgramProposer, verify
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +67,13 @@ class Scheduler:
         self.admit_one = False  # after a prefill could not reserve its KV: admit one request only
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._arrivals = 0
+        self.proposer = (NgramProposer(args.speculative_num_draft_tokens, args.speculative_ngram_min_match,
+                                       args.speculative_ngram_max_match)
+                         if args.speculative_algorithm == "ngram" else None)
         self.counters = {"prefill_steps": 0, "decode_steps": 0, "retractions": 0, "prompt_tokens": 0,
-                         "cached_tokens": 0, "generated_tokens": 0, "forced_tokens": 0, "failed_batches": 0}
+                         "cached_tokens": 0, "generated_tokens": 0, "forced_tokens": 0, "failed_batches": 0,
+                         "spec_verify_steps": 0, "spec_request_steps": 0, "spec_draft_tokens": 0,
+                         "spec_accepted_tokens": 0}
 
     # -------------------------------------------------------------- intake
 
@@ -360,6 +367,10 @@ class Scheduler:
             offset += n
 
     def _run_decode(self) -> list[ReqOut]:
+        if self.proposer is not None and len(self.running) <= self.args.speculative_max_batch:
+            outs = self._run_speculative()
+            if outs is not None:
+                return outs
         ends = None
         while self.running:
             ends = [r.seq_len for r in self.running]
@@ -375,6 +386,77 @@ class Scheduler:
                                 [r.kv_len for r in reqs], [r.row for r in reqs], loc,
                                 self.runner.req_to_token.table)
         return self._finish_decode(reqs, ends, self.runner.forward(fb).next_token_logits)
+
+    def _run_speculative(self) -> list[ReqOut] | None:
+        """A decode step that also verifies each request's guesses; None (a plain decode step
+        runs instead) when nobody has a guess, a request needs per-token logit edits
+        (grammar masks, penalties), or the guesses' KV cannot be reserved."""
+        reqs = list(self.running)
+        if any(r.matcher is not None or r.params.penalized for r in reqs):
+            return None
+        room = self.runner.context_len - 1
+        drafts = [self.proposer.propose(np.frombuffer(r.fill_ids(), dtype=np.int32),
+                                        min(r.remaining_new_tokens, room - r.seq_len + 1) - 1) for r in reqs]
+        if not any(drafts):
+            return None
+        ends = [r.seq_len + len(d) for r, d in zip(reqs, drafts)]
+        loc = self.kv.reserve(reqs, ends)
+        if loc is None:
+            return None
+        inputs = [r.fill_ids()[r.kv_len :].tolist() + d for r, d in zip(reqs, drafts)]
+        fb = ForwardBatch.build(ForwardMode.EXTEND, inputs, [r.kv_len for r in reqs], [r.row for r in reqs], loc,
+                                self.runner.req_to_token.table, return_all_logits=True)
+        logits = self.runner.forward(fb).all_logits
+        # Each request's last len(draft) + 1 rows: the distributions after its last token and guesses.
+        ends_at = np.cumsum([len(x) for x in inputs])
+        rows = [int(e) - len(d) - 1 + j for e, d in zip(ends_at, drafts) for j in range(len(d) + 1)]
+        return self._finish_speculative(reqs, drafts, logits[rows])
+
+    def _finish_speculative(self, reqs: list[Req], drafts: list[list[int]], logits: torch.Tensor) -> list[ReqOut]:
+        """Verify the guesses, commit what holds (stopping at a finish), roll back the rest."""
+        row_reqs = [(r, j) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
+        if not all(r.params.greedy for r in reqs) or any(r.return_logprob for r in reqs):
+            logits = logits.float()
+        early = [(i, r.params.stop_token_ids + ([] if r.params.ignore_eos else self.eos_ids))
+                 for i, (r, j) in enumerate(row_reqs) if len(r.output_ids) + j < r.params.min_new_tokens]
+        if early:
+            block_stop_tokens(logits, [i for i, _ in early], [ids for _, ids in early])
+        sampling = SamplingBatch.build([r.params for r, _ in row_reqs], [len(r.output_ids) + j for r, j in row_reqs],
+                                       logits.shape[-1], self.runner.device)
+        offsets = np.cumsum([0] + [len(d) + 1 for d in drafts[:-1]]).tolist()
+        verdicts = verify(logits, offsets, drafts, sampling, self.sampler)
+        lp = torch.log_softmax(logits, -1) if any(r.return_logprob for r in reqs) else None
+        self.counters["decode_steps"] += 1
+        self.counters["spec_verify_steps"] += 1
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        outs = []
+        for req, draft, v in zip(reqs, drafts, verdicts):
+            pending = req.seq_len - req.kv_len  # forwarded this step before the guesses
+            committed = 0
+            for tok, row in zip(v.tokens, v.rows):
+                req.output_ids.append(tok)
+                committed += 1
+                if lp is not None and req.return_logprob:
+                    req.logprobs.append(float(lp[row, tok]))
+                    if req.top_logprobs_num:
+                        req.top_logprobs.append(_top(lp[row : row + 1], req.top_logprobs_num)[0])
+                req.finish_reason = self._finish_reason(req, tok)
+                if req.finish_reason is not None:
+                    break
+            req.kv_len += pending + min(v.accepted, committed)  # K/V of committed inputs only
+            self.kv.truncate(req, req.kv_len)
+            if draft:
+                req.spec_verify_ct += 1
+                self.counters["spec_request_steps"] += 1
+                self.counters["spec_draft_tokens"] += len(draft)
+                self.counters["spec_accepted_tokens"] += min(v.accepted, committed)
+            self.counters["generated_tokens"] += committed
+            if req.finish_reason is not None:
+                outs.append(self._finish(req))
+            elif req.stream or req.output.scans_text:
+                outs.append(self._out(req))
+        self.running = [r for r in self.running if r.finish_reason is None]
+        return outs
 
     @staticmethod
     def _decode_inputs(reqs: list[Req], ends: list[int]) -> tuple[list[list[int]], bool]:
@@ -476,7 +558,8 @@ class Scheduler:
         req.sent_ids = len(req.output_ids)
         return ReqOut(rid=req.rid, new_ids=pack_ids(new), finish_reason=req.finish_reason,
                       prompt_tokens=len(req.origin_ids), completion_tokens=len(req.output_ids),
-                      cached_tokens=req.cached_tokens, logprobs=logprobs, top_logprobs=top,
+                      cached_tokens=req.cached_tokens, spec_verify_ct=req.spec_verify_ct, logprobs=logprobs,
+                      top_logprobs=top,
                       input_logprobs=req.input_logprobs if first else [],
                       input_top_logprobs=req.input_top_logprobs if first else [], output=req.output)
 
