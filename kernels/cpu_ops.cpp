@@ -19,6 +19,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 constexpr int64_t kBlock = 64;  // keys scored per block before their softmax update
@@ -323,6 +327,80 @@ void rotary(const at::Tensor& positions, const at::Tensor& q, const at::Tensor& 
   });
 }
 
+// ------------------------------------------------------------------ argmax
+
+// The first index of a row's maximum; a NaN wins (its first index), as in torch.max.
+template <typename T>
+int64_t argmax_row_scalar(const T* row, int64_t n) {
+  int64_t at = 0;
+  float best = widen(row[0]);
+  for (int64_t j = 0; j < n; ++j) {
+    const float v = widen(row[j]);
+    if (v != v) return j;
+    if (v > best) best = v, at = j;
+  }
+  return at;
+}
+
+#if defined(__AVX512F__)
+// bf16 rows, 32 values a step: a vector max pass (NaNs noted), then a scan for its first index.
+int64_t argmax_row_bf16(const c10::BFloat16* row, int64_t n) {
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(row);
+  const int64_t full = n - n % 16;
+  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 nan = 0;
+  for (int64_t j = 0; j < full; j += 16) {
+    const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j))), 16));
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, v);
+  }
+  float top = _mm512_reduce_max_ps(best);
+  for (int64_t j = full; j < n; ++j) {
+    const float v = widen(row[j]);
+    if (v != v) nan = 1;
+    top = std::max(top, v);
+  }
+  if (nan) return argmax_row_scalar(row, n);
+  const __m512 target = _mm512_set1_ps(top);
+  for (int64_t j = 0; j < full; j += 16) {
+    const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + j))), 16));
+    const __mmask16 hit = _mm512_cmp_ps_mask(v, target, _CMP_EQ_OQ);
+    if (hit) return j + __builtin_ctz(hit);
+  }
+  for (int64_t j = full; j < n; ++j)
+    if (widen(row[j]) == top) return j;
+  return 0;
+}
+#endif
+
+template <typename T>
+int64_t argmax_row(const T* row, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return argmax_row_bf16(row, n);
+#endif
+  return argmax_row_scalar(row, n);
+}
+
+// logits [B, V] -> [B] int64, each row's argmax (torch.max(-1).indices), with no float copy.
+at::Tensor argmax_rows(const at::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1 && logits.size(1) > 0,
+              "argmax_rows: logits must be [B, V] with unit stride");
+  const int64_t rows = logits.size(0), vocab = logits.size(1), ls = logits.stride(0);
+  auto out = at::empty({rows}, logits.options().dtype(at::kLong));
+  int64_t* od = out.data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "argmax_rows", [&] {
+    const scalar_t* ld = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) od[r] = argmax_row(ld + r * ls, vocab);
+    });
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------ elementwise (cont.)
+
 // x [N, 2I] = gate | up -> round(silu(gate)) * up, rounded: [N, I].
 at::Tensor silu_and_mul(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "silu_and_mul: x must be [N, 2I]");
@@ -354,4 +432,5 @@ TORCH_LIBRARY(arbor_cpu, m) {
   m.def("add_rmsnorm", &add_rmsnorm);
   m.def("rotary", &rotary);
   m.def("silu_and_mul", &silu_and_mul);
+  m.def("argmax_rows", &argmax_rows);
 }

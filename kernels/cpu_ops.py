@@ -1,5 +1,5 @@
-"""Arbor's CPU kernels (`cpu_ops.cpp`): paged attention that reads the KV pool in place, and
-fused RMSNorm / residual add, rotary embedding and SiLU-and-mul.
+"""Arbor's CPU kernels (`cpu_ops.cpp`): paged attention that reads the KV pool in place,
+fused RMSNorm / residual add, rotary embedding and SiLU-and-mul, and a row argmax.
 
 They are compiled once per machine at first use with torch's own extension builder (about
 half a minute; cached under `~/.cache/torch_extensions`). Where no compiler is present, or
@@ -87,3 +87,12 @@ def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
     if ops is None or x.dim() != 2 or x.stride(-1) != 1:
         return silu_and_mul_ref(x)
     return ops.silu_and_mul(x)
+
+
+def argmax_cpu(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximum, as `logits.max(-1).indices` (a NaN wins), read in the logits'
+    own dtype."""
+    ops = load()
+    if ops is None or logits.device.type != "cpu" or logits.dim() != 2 or logits.stride(-1) != 1 or not logits.shape[1]:
+        return logits.max(-1).indices
+    return ops.argmax_rows(logits)

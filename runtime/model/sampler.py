@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from arbor.kernels.cpu_ops import argmax_cpu
 from arbor.runtime.sampling_params import SamplingParams
 
 
@@ -65,7 +66,7 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """logits [B, V] (float32 unless all rows are greedy) -> token ids [B] int64."""
-        greedy_ids = logits.max(-1).indices  # first maximum, like argmax; 2-3x faster on CPU
+        greedy_ids = argmax_cpu(logits)  # first maximum, like argmax; a C++ scan on CPU, else max()
         if batch.all_greedy:
             return greedy_ids
         probs = self.probs(logits, batch)

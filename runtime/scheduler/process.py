@@ -127,6 +127,8 @@ def _stats(sched: Scheduler) -> dict[str, float]:
     prompt = sched.counters["prompt_tokens"]
     # Admitted requests only (the tree's own lookups, e.g. LPM ordering, are not user traffic).
     values["cache_hit_rate"] = sched.counters["cached_tokens"] / prompt if prompt else 0.0
+    spec = sched.counters["spec_request_steps"]
+    values["spec_accept_length"] = 1 + sched.counters["spec_accepted_tokens"] / spec if spec else 0.0
     if sched.tree is not None:
         values["cache_tokens"] = sched.tree.total_size()
     return values

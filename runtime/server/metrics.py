@@ -38,6 +38,8 @@ class _SGLangSeries:
         self.queued = Gauge("sglang:num_queue_reqs", "Queued requests.", m, registry=r)
         self.token_usage = Gauge("sglang:token_usage", "Fraction of KV slots in use.", m, registry=r)
         self.hit_rate = Gauge("sglang:cache_hit_rate", "Prefix cache hit rate.", m, registry=r)
+        self.spec_accept = Gauge("sglang:spec_accept_length", "Mean tokens committed per speculative verify.",
+                                 m, registry=r)
 
 
 class Metrics:
@@ -63,6 +65,8 @@ class Metrics:
         self.kv_usage = Gauge("arbor_kv_cache_usage", "Fraction of KV slots in use (requests + cache).", registry=r)
         self.hit_rate = Gauge("arbor_cache_hit_rate", "Radix cache hit rate: tokens hit / tokens queried.",
                               registry=r)
+        self.spec_accept = Gauge("arbor_spec_accept_length", "Speculative decoding: mean tokens a request "
+                                 "commits per verify step (1 + accepted guesses; 0 before any).", registry=r)
 
     async def timed(self, outputs: AsyncIterator[GenerateOutput], streamed: bool) -> AsyncIterator[GenerateOutput]:
         """Pass outputs through, observing latencies and counting tokens of finished samples.
@@ -114,7 +118,8 @@ class Metrics:
         for arbor, sgl, value in ((self.running, self.sgl.running, stats.get("running", 0)),
                                   (self.waiting, self.sgl.queued, stats.get("waiting", 0)),
                                   (self.kv_usage, self.sgl.token_usage, usage),
-                                  (self.hit_rate, self.sgl.hit_rate, stats.get("cache_hit_rate", 0))):
+                                  (self.hit_rate, self.sgl.hit_rate, stats.get("cache_hit_rate", 0)),
+                                  (self.spec_accept, self.sgl.spec_accept, stats.get("spec_accept_length", 0))):
             arbor.set(value)
             sgl.labels(model).set(value)
         return generate_latest(self.registry)

@@ -72,6 +72,20 @@ def test_silu_and_mul(dtype: torch.dtype) -> None:
     _close(cpu_ops.silu_and_mul_cpu(x), silu_and_mul_ref(x), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", [50257, 17, 1])
+def test_argmax_equals_torch_max_indices(dtype: torch.dtype, width: int) -> None:
+    """First index of the maximum on ties, NaN wins, all -inf rows give 0; odd widths."""
+    gen = torch.Generator().manual_seed(3)
+    x = (3 * torch.randn(12, width, generator=gen)).round().to(dtype)  # rounding makes ties
+    x[1] = float("-inf")
+    x[2, width // 2] = float("nan")
+    x[3, -1] = 1000
+    x[4, 0] = 1000
+    assert torch.equal(cpu_ops.argmax_cpu(x), x.max(-1).indices)
+    assert torch.equal(cpu_ops.argmax_cpu(x[:, :width]), x.max(-1).indices)
+
+
 def test_unbuildable_falls_back_to_the_references(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_ops, "_ops", None)
     x = torch.randn(4, 8)

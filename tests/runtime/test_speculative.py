@@ -88,6 +88,7 @@ def test_greedy_outputs_equal_without_speculation(tiny_model, page_size: int) ->
     assert stats["spec_request_steps"] > 0 and stats["spec_accepted_tokens"] > 0, "guesses were made and held"
     assert stats["invariant_ok"] == 1.0
     assert any(o["meta_info"].get("spec_accept_len", 0) > 1 for o in spec)
+    assert stats["spec_accept_length"] > 1
 
 
 def test_greedy_equal_under_retraction_and_logprobs(tiny_model) -> None:
