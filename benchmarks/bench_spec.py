@@ -1,11 +1,11 @@
-"""Speculative decoding on the evaluation target (`make_eval_models.py`): acceptance and decode
-speed, spec off against n-gram guesses, at batch 1, 4, 16 and 64.
+"""Speculative decoding on the evaluation pair (`make_eval_models.py`): acceptance and decode
+speed, spec off against n-gram guesses and the draft model, at batch 1, 4, 16 and 64.
 
 Prompts are held-out standard-library code prefixes (128 tokens each); generation is greedy,
 128 tokens, all requests at once through the Engine. Each cell reports output tokens/s
 (median of `--repeats` runs), the mean tokens committed per verify step, and whether the
-outputs equal spec-off token for token. `ngram, always` speculates at every batch size (no
-adaptive switch-off): where it falls below spec-off is where `--speculative-max-batch`
+outputs equal spec-off token for token. The `, always` modes speculate at every batch size
+(no adaptive switch-off): where they fall below spec-off is where `--speculative-max-batch`
 should stop speculation. bf16 where the CPU has fast bf16, else fp32.
 
     python benchmarks/bench_spec.py            # table; JSON + PNG into docs/benchmarks/
@@ -24,8 +24,14 @@ import torch
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 BATCHES = (1, 4, 16, 64)
-MODES = {"off": {}, "ngram": {"speculative_algorithm": "ngram"},
-         "ngram, always": {"speculative_algorithm": "ngram", "speculative_max_batch": 1024}}
+ALWAYS = {"speculative_max_batch": 1024}
+
+
+def modes(draft: Path) -> dict[str, dict[str, Any]]:
+    ngram = {"speculative_algorithm": "ngram"}
+    with_draft = {"speculative_algorithm": "draft", "speculative_draft_model_path": str(draft)}
+    return {"off": {}, "ngram": ngram, "ngram, always": ngram | ALWAYS, "draft": with_draft,
+            "draft, always": with_draft | ALWAYS}
 
 
 def run_mode(path: Path, prompts: list[list[int]], extra: dict[str, Any], out_len: int, repeats: int
@@ -61,11 +67,11 @@ def main() -> None:
     args = ap.parse_args()
     from arbor.runtime.model.runner import resolve_dtype
 
-    path = make_eval_models.ensure("target")
+    path, draft = make_eval_models.ensure("target"), make_eval_models.ensure("draft")
     prompts = eval_data.heldout_windows(path, max(BATCHES), args.prompt_len)
     result: dict[str, Any] = {"model": path.name, "dtype": str(resolve_dtype("auto", torch.device("cpu"))),
                               "prompt_len": args.prompt_len, "out_len": args.out_len, "modes": {}}
-    for name, extra in MODES.items():
+    for name, extra in modes(draft).items():
         print(f"{name}:", flush=True)
         result["modes"][name] = run_mode(path, prompts, extra, args.out_len, args.repeats)
     base = result["modes"]["off"]

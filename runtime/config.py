@@ -119,9 +119,14 @@ class ServerArgs:
         False, "Sample every token of constrained output, even where the grammar forces the text."
     )
     speculative_algorithm: str | None = _opt(
-        None, "Speculative decoding: ngram = guess each request's next tokens from its own prompt and "
-        "output (prompt lookup), verify them in one forward; empty = off. Greedy outputs are unchanged; "
-        "sampled ones keep the target distribution (rejection sampling).", ("ngram",),
+        None, "Speculative decoding: guess each request's next tokens, verify them in one forward. ngram = "
+        "guesses from the request's own prompt and output (prompt lookup); draft = a smaller checkpoint's "
+        "greedy guesses (--speculative-draft-model-path); empty = off. Greedy outputs are unchanged; "
+        "sampled ones keep the target distribution (rejection sampling).", ("ngram", "draft"),
+    )
+    speculative_draft_model_path: str | None = _opt(
+        None, "The draft checkpoint for --speculative-algorithm draft (same tokenizer as the target); it gets "
+        "its own KV cache and radix tree, as many tokens as the target's."
     )
     speculative_num_draft_tokens: int = _opt(4, "Guesses per request per step (K); a step commits 1 to K + 1 tokens.")
     speculative_ngram_min_match: int = _opt(1, "Shortest suffix of a request's tokens looked up for guesses.")
@@ -149,6 +154,8 @@ class ServerArgs:
             raise ValueError("grammar_workers must be >= 1, grammar_compile_timeout_s > 0, grammar_max_memory_mb >= 256")
         if self.speculative_num_draft_tokens < 1 or self.speculative_max_batch < 1:
             raise ValueError("speculative_num_draft_tokens and speculative_max_batch must be >= 1")
+        if self.speculative_algorithm == "draft" and not self.speculative_draft_model_path:
+            raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path")
         if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:
             raise ValueError("need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:

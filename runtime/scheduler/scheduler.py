@@ -35,7 +35,7 @@ from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.policy import order_waiting
 from arbor.runtime.scheduler.req import Req
-from arbor.runtime.scheduler.speculative import NgramProposer, verify
+from arbor.runtime.scheduler.speculative import make_proposer, verify
 
 logger = logging.getLogger(__name__)
 
@@ -67,9 +67,7 @@ class Scheduler:
         self.admit_one = False  # after a prefill could not reserve its KV: admit one request only
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._arrivals = 0
-        self.proposer = (NgramProposer(args.speculative_num_draft_tokens, args.speculative_ngram_min_match,
-                                       args.speculative_ngram_max_match)
-                         if args.speculative_algorithm == "ngram" else None)
+        self.proposer = make_proposer(args, self.runner)
         self.counters = {"prefill_steps": 0, "decode_steps": 0, "retractions": 0, "prompt_tokens": 0,
                          "cached_tokens": 0, "generated_tokens": 0, "forced_tokens": 0, "failed_batches": 0,
                          "spec_verify_steps": 0, "spec_request_steps": 0, "spec_draft_tokens": 0,
@@ -395,8 +393,7 @@ class Scheduler:
         if any(r.matcher is not None or r.params.penalized for r in reqs):
             return None
         room = self.runner.context_len - 1
-        drafts = [self.proposer.propose(np.frombuffer(r.fill_ids(), dtype=np.int32),
-                                        min(r.remaining_new_tokens, room - r.seq_len + 1) - 1) for r in reqs]
+        drafts = self.proposer.propose(reqs, [min(r.remaining_new_tokens, room - r.seq_len + 1) - 1 for r in reqs])
         if not any(drafts):
             return None
         ends = [r.seq_len + len(d) for r, d in zip(reqs, drafts)]
@@ -445,6 +442,7 @@ class Scheduler:
                     break
             req.kv_len += pending + min(v.accepted, committed)  # K/V of committed inputs only
             self.kv.truncate(req, req.kv_len)
+            self.proposer.commit(req, v.accepted, committed, len(draft))
             if draft:
                 req.spec_verify_ct += 1
                 self.counters["spec_request_steps"] += 1
@@ -542,13 +540,19 @@ class Scheduler:
 
     def _finish(self, req: Req) -> ReqOut:
         if req.row >= 0:
-            self.kv.release(req)
+            self._release(req)
         if req is self.chunked:
             self.chunked = None
         self.waiting = [r for r in self.waiting if r is not req]
         self.running = [r for r in self.running if r is not req]
         self.compiling = [r for r in self.compiling if r is not req]
         return self._out(req)
+
+    def _release(self, req: Req) -> None:
+        """Free the request's KV (caching what it computed), and its draft's."""
+        self.kv.release(req)
+        if self.proposer is not None:
+            self.proposer.release(req)
 
     def _out(self, req: Req) -> ReqOut:
         new = req.output_ids[req.sent_ids :]
@@ -579,7 +583,7 @@ class Scheduler:
         """Return a request whose prefill did not start to the head of the queue; it has not
         run, so it keeps its place and recomputes nothing (prompt logprobs included)."""
         if req.row >= 0:
-            self.kv.release(req)
+            self._release(req)
         req.input_logprobs, req.input_top_logprobs = [], []  # a restarted chunked prompt redoes them
         self.waiting.insert(0, req)
 
@@ -591,7 +595,7 @@ class Scheduler:
 
     def _requeue(self, req: Req) -> None:
         if req.row >= 0:
-            self.kv.release(req)
+            self._release(req)
         req.retractions += 1
         self.waiting.insert(0, req)
 

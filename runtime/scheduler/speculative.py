@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.model.sampler import Sampler, SamplingBatch
+from arbor.runtime.scheduler.req import Req
 
 
 class NgramProposer:
@@ -29,7 +33,17 @@ class NgramProposer:
     def __init__(self, num_tokens: int, min_match: int, max_match: int) -> None:
         self.k, self.min_match, self.max_match = num_tokens, min_match, max_match
 
-    def propose(self, tokens: np.ndarray, budget: int) -> list[int]:
+    def propose(self, reqs: list[Req], budgets: list[int]) -> list[list[int]]:
+        """Guesses for each request, at most its budget."""
+        return [self.guess(np.frombuffer(r.fill_ids(), dtype=np.int32), b) for r, b in zip(reqs, budgets)]
+
+    def commit(self, req: Req, accepted: int, committed: int, guessed: int) -> None:
+        """Nothing to keep in step: the guesses came from the request's own tokens."""
+
+    def release(self, req: Req) -> None:
+        """Nothing held per request."""
+
+    def guess(self, tokens: np.ndarray, budget: int) -> list[int]:
         """Up to min(K, budget) guesses following `tokens` (int32), or none."""
         k = min(self.k, budget)
         if k <= 0:
@@ -44,6 +58,26 @@ class NgramProposer:
                 start = int(hits[-1]) + n
                 return tokens[start : start + k].tolist()
         return []
+
+
+class Proposer(Protocol):
+    """What the scheduler asks of a guesser."""
+
+    def propose(self, reqs: list[Req], budgets: list[int]) -> list[list[int]]: ...
+    def commit(self, req: Req, accepted: int, committed: int, guessed: int) -> None: ...
+    def release(self, req: Req) -> None: ...
+
+
+def make_proposer(args: ServerArgs, target: ModelRunner) -> Proposer | None:
+    """The proposer `--speculative-algorithm` names, or None (speculation off)."""
+    if args.speculative_algorithm == "ngram":
+        return NgramProposer(args.speculative_num_draft_tokens, args.speculative_ngram_min_match,
+                             args.speculative_ngram_max_match)
+    if args.speculative_algorithm == "draft":
+        from arbor.runtime.scheduler.draft import DraftProposer
+
+        return DraftProposer(args, target)
+    return None
 
 
 @dataclass

@@ -1,0 +1,122 @@
+"""The draft model of speculative decoding: a smaller checkpoint with its own paged KV and
+radix tree, kept in step with the target's requests.
+
+Each target request gets a shadow `Req` that shares its prompt and its output list, so the
+draft's KVManager sees the same tokens. A proposal step feeds each shadow what it has not
+seen yet (one extend: the prompt the draft tree misses, or the tokens committed since the last
+step) and then decodes greedily, one batched step per guess. Guesses are the draft's argmax,
+a point-mass proposal, so the target's rejection rule (`speculative.verify`) stays exact.
+After verification the shadow keeps the K/V of the guesses that were committed and frees
+the rest (`KVManager.truncate`); when the target releases a request, so does the draft.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from arbor.kernels.cpu_ops import argmax_cpu
+from arbor.radix.cache import RadixCache
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.runner import ModelRunner
+from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+
+class DraftProposer:
+    """Guesses from a draft checkpoint; `propose`, then `commit` or `release` per request."""
+
+    def __init__(self, args: ServerArgs, target: ModelRunner) -> None:
+        if not args.speculative_draft_model_path:
+            raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path")
+        # As many KV slots as the target's pool, so every running request fits in both.
+        draft_args = dataclasses.replace(args, max_total_tokens=target.allocator.total_slots)
+        self.runner = ModelRunner(draft_args, args.speculative_draft_model_path)
+        if self.runner.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"the draft's vocabulary ({self.runner.config.vocab_size}) differs from the "
+                             f"target's ({target.config.vocab_size}); they must share a tokenizer")
+        tree = None if args.disable_radix_cache else RadixCache(args.page_size)
+        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, tree)
+        self.k = args.speculative_num_draft_tokens
+        self.shadows: dict[int, Req] = {}
+
+    def propose(self, reqs: list[Req], budgets: list[int]) -> list[list[int]]:
+        """Up to min(K, budget) greedy guesses per request (none where the budget is 0, or for
+        every request when the draft's KV cannot be reserved this step)."""
+        wants = [min(self.k, b) for b in budgets]
+        active = [(self._shadow(r), k) for r, k in zip(reqs, wants) if k > 0 and self._attached(r)]
+        guesses: dict[int, list[int]] = {id(s): [] for s, _ in active}
+        if not active or not self._catch_up([s for s, _ in active], guesses):
+            return [[] for _ in reqs]
+        for step in range(1, max(k for _, k in active)):
+            going = [s for s, k in active if k > step]
+            if not self._decode(going, [guesses[id(s)][-1] for s in going], step, guesses):
+                break
+        for shadow, _ in active:
+            shadow.kv_len = shadow.seq_len  # guesses stay mapped until `commit` keeps or frees them
+        return [guesses.get(id(self.shadows[id(r)]), []) if id(r) in self.shadows else [] for r in reqs]
+
+    def commit(self, req: Req, accepted: int, committed: int, guessed: int) -> None:
+        """After verification: keep the K/V of guesses that became output, free the rest."""
+        shadow = self.shadows.get(id(req))
+        if shadow is None or shadow.row < 0:
+            return
+        shadow.kv_len += min(accepted, guessed - 1, committed)  # guess j's K/V was written iff j < K
+        self.kv.truncate(shadow, shadow.kv_len)
+
+    def release(self, req: Req) -> None:
+        """The target let go of the request (finished, retracted, put back): so does the draft."""
+        shadow = self.shadows.pop(id(req), None)
+        if shadow is not None and shadow.row >= 0:
+            self.kv.release(shadow)
+
+    # ------------------------------------------------------------------ steps
+
+    def _shadow(self, req: Req) -> Req:
+        shadow = self.shadows.get(id(req))
+        if shadow is None:
+            shadow = Req(req.rid, req.origin_ids, req.params, cache_salt=req.cache_salt)
+            shadow.output_ids = req.output_ids  # the same list: committed tokens appear in both
+            self.shadows[id(req)] = shadow
+        return shadow
+
+    def _attached(self, req: Req) -> bool:
+        shadow = self._shadow(req)
+        return shadow.row >= 0 or self.kv.attach(shadow)
+
+    def _catch_up(self, shadows: list[Req], guesses: dict[int, list[int]]) -> bool:
+        """Feed each shadow the tokens it has not seen; its first guess comes from the last.
+        Guesses of a step that was never verified (the target decoded plainly) are dropped."""
+        for s in shadows:
+            self.kv.truncate(s, s.kv_len)
+        ends = [s.seq_len for s in shadows]
+        loc = self.kv.reserve(shadows, ends)
+        if loc is None:
+            return False
+        inputs = [s.fill_ids()[s.kv_len :].tolist() for s in shadows]
+        fb = ForwardBatch.build(ForwardMode.EXTEND, inputs, [s.kv_len for s in shadows], [s.row for s in shadows],
+                                loc, self.runner.req_to_token.table)
+        first = argmax_cpu(self.runner.forward(fb).next_token_logits).tolist()
+        for s, e, tok in zip(shadows, ends, first):
+            s.kv_len = e
+            self.kv.cache_prefix(s)  # later requests with this prompt hit the draft's tree too
+            guesses[id(s)].append(tok)
+        return True
+
+    def _decode(self, shadows: list[Req], inputs: list[int], step: int, guesses: dict[int, list[int]]) -> bool:
+        """One batched decode step over the previous guesses (position seq_len + step - 1)."""
+        starts = [s.seq_len + step - 1 for s in shadows]
+        for s, p in zip(shadows, starts):
+            s.kv_len = p
+        loc = self.kv.reserve(shadows, [p + 1 for p in starts])
+        if loc is None:
+            return False
+        fb = ForwardBatch.build(ForwardMode.DECODE, [[t] for t in inputs], starts, [s.row for s in shadows], loc,
+                                self.runner.req_to_token.table)
+        nxt = argmax_cpu(self.runner.forward(fb).next_token_logits).tolist()
+        for s, tok in zip(shadows, nxt):
+            guesses[id(s)].append(tok)
+        return True
