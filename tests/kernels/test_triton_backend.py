@@ -49,3 +49,32 @@ def test_triton_backend_equals_torch_backend(tiny_model, name, page_size) -> Non
     assert our_seqs == ref_seqs
     for a, b in zip(ref, ours):
         assert (a - b).abs().max().item() < ATOL and a.abs().max() > 0.5
+
+
+def test_speculative_verify_through_the_triton_backend(tiny_model) -> None:
+    """The verify step is an extend with every position's logits: under the triton backend
+    (its extend kernel, in Triton's interpreter here) greedy n-gram speculation gives the
+    tokens plain decoding gives."""
+    from arbor.runtime.messages import TokenizedGenerateReq, pack_ids, unpack_ids
+    from arbor.runtime.sampling_params import SamplingParams
+    from arbor.runtime.scheduler.scheduler import Scheduler
+
+    path = str(tiny_model("llama"))
+    prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5]
+    results = []
+    for spec in (None, "ngram"):
+        args = ServerArgs(dtype="float32", max_total_tokens=1024, attention_backend="triton",
+                          speculative_algorithm=spec)
+        sched = Scheduler(args, path)
+        for i, p in enumerate(prompts):
+            sched.add(TokenizedGenerateReq(rid=str(i), input_ids=pack_ids(p),
+                                           sampling=SamplingParams(max_new_tokens=12, temperature=0)))
+        out: dict[str, list[int]] = {"0": [], "1": []}
+        while sched.has_work:
+            for o in sched.step():
+                out[o.rid] += unpack_ids(o.new_ids)
+        results.append((out, dict(sched.counters)))
+        sched.close()
+    (plain, _), (spec_out, counters) = results
+    assert spec_out == plain and all(len(v) == 12 for v in plain.values())
+    assert counters["spec_request_steps"] > 0
