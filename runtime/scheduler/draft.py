@@ -13,7 +13,6 @@ the rest (`KVManager.truncate`); when the target releases a request, so does the
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 from arbor.kernels.cpu_ops import argmax_cpu
 from arbor.radix.cache import RadixCache
@@ -23,18 +22,14 @@ from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.req import Req
 
-logger = logging.getLogger(__name__)
-
 
 class DraftProposer:
     """Guesses from a draft checkpoint; `propose`, then `commit` or `release` per request."""
 
     def __init__(self, args: ServerArgs, target: ModelRunner) -> None:
-        if not args.speculative_draft_model_path:
-            raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path")
         # As many KV slots as the target's pool, so every running request fits in both.
         draft_args = dataclasses.replace(args, max_total_tokens=target.allocator.total_slots)
-        self.runner = ModelRunner(draft_args, args.speculative_draft_model_path)
+        self.runner = ModelRunner(draft_args, str(args.speculative_draft_model_path))
         if self.runner.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"the draft's vocabulary ({self.runner.config.vocab_size}) differs from the "
                              f"target's ({target.config.vocab_size}); they must share a tokenizer")
