@@ -79,31 +79,15 @@ class Sampler:
         probs = torch.softmax(logits / batch.temperature, dim=-1)
         return _filter(probs, batch) if batch.needs_filter else probs
 
-    def uniform(self, batch: SamplingBatch) -> torch.Tensor:
-        """One U[0, 1) draw a row, independent of the sampling noise (a seeded row's comes
-        from its seed and step): speculative decoding's acceptance test."""
-        return self._uniform((len(batch.steps), 1), batch, salt=1)[:, 0]
+    def _exponential_noise(self, shape: tuple[int, int], batch: SamplingBatch) -> torch.Tensor:
+        return -torch.log(self._uniform(shape, batch).clamp_min_(1e-20))
 
-    def sample_without(self, probs: torch.Tensor, token: int, batch: SamplingBatch, row: int) -> int:
-        """A draw from one row's distribution with `token` removed (renormalised): what a
-        rejected speculative guess is replaced by."""
-        rest = probs.clone()
-        rest[token] = 0
-        seed = batch.seeds[row]
-        gen = self.generator if seed is None else torch.Generator(device=self.generator.device).manual_seed(
-            _mix(seed, batch.steps[row], salt=2))
-        u = torch.rand(rest.shape, generator=gen, device=self.generator.device)
-        return int((rest / -torch.log(u.clamp_min_(1e-20))).argmax())
-
-    def _exponential_noise(self, shape: tuple[int, int], batch: SamplingBatch, salt: int = 0) -> torch.Tensor:
-        return -torch.log(self._uniform(shape, batch, salt).clamp_min_(1e-20))
-
-    def _uniform(self, shape: tuple[int, int], batch: SamplingBatch, salt: int) -> torch.Tensor:
+    def _uniform(self, shape: tuple[int, int], batch: SamplingBatch) -> torch.Tensor:
         device = self.generator.device
         u = torch.rand(shape, generator=self.generator, device=device)
         for row, (seed, step) in enumerate(zip(batch.seeds, batch.steps)):
             if seed is not None:
-                g = torch.Generator(device=device).manual_seed(_mix(seed, step, salt))
+                g = torch.Generator(device=device).manual_seed(_mix(seed, step))
                 u[row] = torch.rand(shape[1], generator=g, device=device)
         return u
 
@@ -118,6 +102,6 @@ def _filter(probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(-1, order, sorted_p * keep)
 
 
-def _mix(seed: int, step: int, salt: int = 0) -> int:
-    """A 63-bit generator seed from (request seed, output position, purpose)."""
-    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + salt * 0x94D049BB133111EB) % (2**63 - 1)
+def _mix(seed: int, step: int) -> int:
+    """A 63-bit generator seed from (request seed, output position)."""
+    return (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9) % (2**63 - 1)

@@ -13,12 +13,16 @@ the rest (`KVManager.truncate`); when the target releases a request, so does the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+
+import torch
 
 from arbor.kernels.cpu_ops import argmax_cpu
 from arbor.radix.cache import RadixCache
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.runner import ModelRunner
+from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.req import Req
 
@@ -37,35 +41,51 @@ class DraftProposer:
         self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, tree)
         self.k = args.speculative_num_draft_tokens
         self.shadows: dict[int, Req] = {}
+        self.written: dict[int, int] = {}  # per shadow: guesses whose K/V the last proposal wrote
 
-    def propose(self, reqs: list[Req], budgets: list[int]) -> list[list[int]]:
+    def propose(self, reqs: list[Req], budgets: list[int], grammar: GrammarBackend | None = None) -> list[list[int]]:
         """Up to min(K, budget) greedy guesses per request (none where the budget is 0, or for
-        every request when the draft's KV cannot be reserved this step)."""
+        every request when the draft's KV cannot be reserved this step). A constrained
+        request's guesses follow its grammar's masks."""
         wants = [min(self.k, b) for b in budgets]
-        active = [(self._shadow(r), k) for r, k in zip(reqs, wants) if k > 0 and self._attached(r)]
-        guesses: dict[int, list[int]] = {id(s): [] for s, _ in active}
-        if not active or not self._catch_up([s for s, _ in active], guesses):
-            return [[] for _ in reqs]
-        for step in range(1, max(k for _, k in active)):
-            going = [s for s, k in active if k > step]
-            if not self._decode(going, [guesses[id(s)][-1] for s in going], step, guesses):
+        active = [i for i, (r, k) in enumerate(zip(reqs, wants)) if k > 0 and self._attached(r)]
+        guesses: list[list[int]] = [[] for _ in reqs]
+        if not active:
+            return guesses
+        mask = _masker(grammar, reqs, guesses)
+        first = self._catch_up([reqs[i] for i in active], mask(active))
+        if first is None:
+            return guesses
+        for i, tok in zip(active, first):
+            guesses[i].append(tok)
+        for step in range(1, max(wants[i] for i in active)):
+            going = [i for i in active if wants[i] > step]
+            picks = self._decode([reqs[i] for i in going], [guesses[i][-1] for i in going], step, mask(going))
+            if picks is None:
                 break
-        for shadow, _ in active:
+            for i, tok in zip(going, picks):
+                guesses[i].append(tok)
+        for i in active:
+            shadow = self.shadows[id(reqs[i])]
             shadow.kv_len = shadow.seq_len  # guesses stay mapped until `commit` keeps or frees them
-        return [guesses.get(id(self.shadows[id(r)]), []) if id(r) in self.shadows else [] for r in reqs]
+            self.written[id(shadow)] = len(guesses[i]) - 1  # the last guess was never fed
+        return guesses
 
-    def commit(self, req: Req, accepted: int, committed: int, guessed: int) -> None:
+    def commit(self, req: Req, kept: int) -> None:
         """After verification: keep the K/V of guesses that became output, free the rest."""
         shadow = self.shadows.get(id(req))
         if shadow is None or shadow.row < 0:
             return
-        shadow.kv_len += min(accepted, guessed - 1, committed)  # guess j's K/V was written iff j < K
+        shadow.kv_len += min(kept, self.written.pop(id(shadow), 0))
         self.kv.truncate(shadow, shadow.kv_len)
 
     def release(self, req: Req) -> None:
         """The target let go of the request (finished, retracted, put back): so does the draft."""
         shadow = self.shadows.pop(id(req), None)
-        if shadow is not None and shadow.row >= 0:
+        if shadow is None:
+            return
+        self.written.pop(id(shadow), None)
+        if shadow.row >= 0:
             self.kv.release(shadow)
 
     # ------------------------------------------------------------------ steps
@@ -82,36 +102,56 @@ class DraftProposer:
         shadow = self._shadow(req)
         return shadow.row >= 0 or self.kv.attach(shadow)
 
-    def _catch_up(self, shadows: list[Req], guesses: dict[int, list[int]]) -> bool:
-        """Feed each shadow the tokens it has not seen; its first guess comes from the last.
-        Guesses of a step that was never verified (the target decoded plainly) are dropped."""
+    def _catch_up(self, reqs: list[Req], mask: Mask) -> list[int] | None:
+        """Feed each request's shadow the tokens it has not seen; returns the first guesses
+        (None if the KV cannot be reserved). Guesses of a step that was never verified (the target decoded plainly) are
+        dropped."""
+        shadows = [self.shadows[id(r)] for r in reqs]
         for s in shadows:
             self.kv.truncate(s, s.kv_len)
         ends = [s.seq_len for s in shadows]
         loc = self.kv.reserve(shadows, ends)
         if loc is None:
-            return False
+            return None
         inputs = [s.fill_ids()[s.kv_len :].tolist() for s in shadows]
         fb = ForwardBatch.build(ForwardMode.EXTEND, inputs, [s.kv_len for s in shadows], [s.row for s in shadows],
                                 loc, self.runner.req_to_token.table)
-        first = argmax_cpu(self.runner.forward(fb).next_token_logits).tolist()
-        for s, e, tok in zip(shadows, ends, first):
+        picks = argmax_cpu(mask(self.runner.forward(fb).next_token_logits)).tolist()
+        for s, e in zip(shadows, ends):
             s.kv_len = e
             self.kv.cache_prefix(s)  # later requests with this prompt hit the draft's tree too
-            guesses[id(s)].append(tok)
-        return True
+        return picks
 
-    def _decode(self, shadows: list[Req], inputs: list[int], step: int, guesses: dict[int, list[int]]) -> bool:
-        """One batched decode step over the previous guesses (position seq_len + step - 1)."""
+    def _decode(self, reqs: list[Req], inputs: list[int], step: int, mask: Mask) -> list[int] | None:
+        """One batched decode step over the previous guesses (position seq_len + step - 1);
+        returns the next guesses (None if the KV cannot be reserved)."""
+        shadows = [self.shadows[id(r)] for r in reqs]
         starts = [s.seq_len + step - 1 for s in shadows]
         for s, p in zip(shadows, starts):
             s.kv_len = p
         loc = self.kv.reserve(shadows, [p + 1 for p in starts])
         if loc is None:
-            return False
+            return None
         fb = ForwardBatch.build(ForwardMode.DECODE, [[t] for t in inputs], starts, [s.row for s in shadows], loc,
                                 self.runner.req_to_token.table)
-        nxt = argmax_cpu(self.runner.forward(fb).next_token_logits).tolist()
-        for s, tok in zip(shadows, nxt):
-            guesses[id(s)].append(tok)
-        return True
+        return argmax_cpu(mask(self.runner.forward(fb).next_token_logits)).tolist()
+
+
+Mask = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _masker(grammar: GrammarBackend | None, reqs: list[Req], guesses: list[list[int]]) -> Callable[[list[int]], Mask]:
+    """For the requests at `rows`: a function that masks their draft logits by each one's
+    grammar, in the state after its output and its guesses so far (unchanged if none is
+    constrained)."""
+    def for_rows(rows: list[int]) -> Mask:
+        picked = [reqs[i] for i in rows]
+        if grammar is None or all(r.matcher is None for r in picked):
+            return lambda logits: logits
+        ahead = [guesses[i] for i in rows]
+
+        def mask(logits: torch.Tensor) -> torch.Tensor:
+            grammar.apply_masks(picked, logits, ahead)
+            return logits
+        return mask
+    return for_rows

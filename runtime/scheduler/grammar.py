@@ -75,15 +75,25 @@ class GrammarBackend:
             if forced and req.matcher.accept_tokens(forced):
                 self._append_forced(req, forced)
 
-    def apply_masks(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        """Set the logits of every token a request's grammar forbids to -inf, in place."""
+    def apply_masks(self, reqs: list[Req], logits: torch.Tensor, ahead: list[list[int]]) -> None:
+        """Set the logits of every token a request's grammar forbids to -inf, in place. Row i
+        is masked for the state after reqs[i]'s output and then `ahead[i]` (guesses). Guesses
+        under verification were cut by `valid_prefix`; a draft's guesses the grammar refuses
+        (it ended) leave the row masked at the output's state, and verification cuts them."""
         rows = [i for i, r in enumerate(reqs) if r.matcher is not None]
         if not rows:
             return
         assert self.compiler is not None
         mask = np.empty((len(rows), self.compiler.tables.words), dtype=np.int32)
         for j, i in enumerate(rows):
-            reqs[i].matcher.fill_bitmask(mask[j])
+            matcher = reqs[i].matcher
+            if not ahead[i]:
+                matcher.fill_bitmask(mask[j])
+                continue
+            moved = matcher.accept_tokens(ahead[i])
+            matcher.fill_bitmask(mask[j])
+            if moved:
+                matcher.rollback(len(ahead[i]))
         bitmask = torch.from_numpy(mask).to(logits.device)
         if len(rows) == len(reqs):
             _apply_bitmask(logits, bitmask)
@@ -92,6 +102,19 @@ class GrammarBackend:
         sub = logits[index]  # only the constrained rows are masked (and copied)
         _apply_bitmask(sub, bitmask)
         logits[index] = sub
+
+    def valid_prefix(self, req: Req, guesses: list[int]) -> list[int]:
+        """The longest run of `guesses` the request's grammar accepts from where it stands
+        (none once the output is complete: only EOS may follow, and the mask gives it)."""
+        matcher = req.matcher
+        if matcher.is_terminated():
+            return []
+        n = 0
+        while n < len(guesses) and matcher.accept_token(guesses[n]):
+            n += 1
+        if n:
+            matcher.rollback(n)
+        return guesses[:n]
 
     def advance(self, req: Req, token: int) -> str | None:
         """Feed the sampled token (already appended to output_ids); then jump forward where

@@ -387,13 +387,14 @@ class Scheduler:
 
     def _run_speculative(self) -> list[ReqOut] | None:
         """A decode step that also verifies each request's guesses; None (a plain decode step
-        runs instead) when nobody has a guess, a request needs per-token logit edits
-        (grammar masks, penalties), or the guesses' KV cannot be reserved."""
+        runs instead) when nobody has a guess or the guesses' KV cannot be reserved.
+        A constrained request's guesses are cut where its grammar stops accepting them."""
         reqs = list(self.running)
-        if any(r.matcher is not None or r.params.penalized for r in reqs):
-            return None
         room = self.runner.context_len - 1
-        drafts = self.proposer.propose(reqs, [min(r.remaining_new_tokens, room - r.seq_len + 1) - 1 for r in reqs])
+        budgets = [min(r.remaining_new_tokens, room - r.seq_len + 1) - 1 for r in reqs]
+        drafts = self.proposer.propose(reqs, budgets, self.grammar)
+        if self.grammar is not None:
+            drafts = [self.grammar.valid_prefix(r, d) if r.matcher is not None else d for r, d in zip(reqs, drafts)]
         if not any(drafts):
             return None
         ends = [r.seq_len + len(d) for r, d in zip(reqs, drafts)]
@@ -410,49 +411,38 @@ class Scheduler:
         return self._finish_speculative(reqs, drafts, logits[rows])
 
     def _finish_speculative(self, reqs: list[Req], drafts: list[list[int]], logits: torch.Tensor) -> list[ReqOut]:
-        """Verify the guesses, commit what holds (stopping at a finish), roll back the rest."""
-        row_reqs = [(r, j) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
-        if not all(r.params.greedy for r in reqs) or any(r.return_logprob for r in reqs):
-            logits = logits.float()
-        early = [(i, r.params.stop_token_ids + ([] if r.params.ignore_eos else self.eos_ids))
-                 for i, (r, j) in enumerate(row_reqs) if len(r.output_ids) + j < r.params.min_new_tokens]
-        if early:
-            block_stop_tokens(logits, [i for i, _ in early], [ids for _, ids in early])
-        sampling = SamplingBatch.build([r.params for r, _ in row_reqs], [len(r.output_ids) + j for r, j in row_reqs],
-                                       logits.shape[-1], self.runner.device)
+        """Verify the guesses, commit what holds (stopping at a finish or a jump-forward),
+        roll back the rest."""
+        row_reqs = [r for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)]
+        ahead = [d[:j] for d in drafts for j in range(len(d) + 1)]
+        logits, sampling = self._prepare_logits(row_reqs, logits, ahead)
         offsets = np.cumsum([0] + [len(d) + 1 for d in drafts[:-1]]).tolist()
         verdicts = verify(logits, offsets, drafts, sampling, self.sampler)
-        lp = torch.log_softmax(logits, -1) if any(r.return_logprob for r in reqs) else None
-        self.counters["decode_steps"] += 1
+        lp = self._logprobs(reqs, logits)
+        self._count_decode_step()
         self.counters["spec_verify_steps"] += 1
-        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         outs = []
         for req, draft, v in zip(reqs, drafts, verdicts):
             pending = req.seq_len - req.kv_len  # forwarded this step before the guesses
-            committed = 0
+            committed, jumped = 0, False
             for tok, row in zip(v.tokens, v.rows):
-                req.output_ids.append(tok)
                 committed += 1
-                if lp is not None and req.return_logprob:
-                    req.logprobs.append(float(lp[row, tok]))
-                    if req.top_logprobs_num:
-                        req.top_logprobs.append(_top(lp[row : row + 1], req.top_logprobs_num)[0])
-                req.finish_reason = self._finish_reason(req, tok)
-                if req.finish_reason is not None:
-                    break
-            req.kv_len += pending + min(v.accepted, committed)  # K/V of committed inputs only
+                jumped = self._commit(req, tok, lp, row)
+                if req.finish_reason is not None or jumped:
+                    break  # after a jump-forward rewrote the output, the later guesses are moot
+            # Output token i (1-based) is guess i while i <= accepted, and its K/V stands
+            # unless a jump-forward rewrote that token.
+            kept = min(v.accepted, committed - jumped)
+            req.kv_len += pending + kept
             self.kv.truncate(req, req.kv_len)
-            self.proposer.commit(req, v.accepted, committed, len(draft))
+            self.proposer.commit(req, kept)
             if draft:
                 req.spec_verify_ct += 1
                 self.counters["spec_request_steps"] += 1
                 self.counters["spec_draft_tokens"] += len(draft)
-                self.counters["spec_accepted_tokens"] += min(v.accepted, committed)
+                self.counters["spec_accepted_tokens"] += kept
             self.counters["generated_tokens"] += committed
-            if req.finish_reason is not None:
-                outs.append(self._finish(req))
-            elif req.stream or req.output.scans_text:
-                outs.append(self._out(req))
+            self._emit(req, outs)
         self.running = [r for r in self.running if r.finish_reason is None]
         return outs
 
@@ -466,53 +456,76 @@ class Scheduler:
     def _finish_decode(self, reqs: list[Req], ends: list[int], logits: torch.Tensor) -> list[ReqOut]:
         for r, e in zip(reqs, ends):
             r.kv_len = e
-        self.counters["decode_steps"] += 1
-        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        self._count_decode_step()
         outs = self._sample_and_finish(reqs, logits)
         self.running = [r for r in self.running if r.finish_reason is None]
         return outs
 
+    def _count_decode_step(self) -> None:
+        self.counters["decode_steps"] += 1
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+
     # ------------------------------------------------------------ results
 
-    def _sample_and_finish(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOut]:
+    def _prepare_logits(self, reqs: list[Req], logits: torch.Tensor,
+                        ahead: list[list[int]] | None = None) -> tuple[torch.Tensor, SamplingBatch]:
+        """Apply penalties, min-token stop blocking and grammar masks to each row, and build
+        its sampling parameters. Row i belongs to reqs[i] as if `ahead[i]` (guesses still
+        being verified) had already been generated."""
+        ahead = ahead or [[] for _ in reqs]
         params = [r.params for r in reqs]
+        outputs = [r.output_ids + a if a else r.output_ids for r, a in zip(reqs, ahead)]
         if not all(p.greedy and not p.penalized for p in params) or any(r.return_logprob for r in reqs):
             logits = logits.float()  # probabilities and penalties in float32; an argmax needs neither
         if any(p.penalized for p in params):
-            apply_penalties(logits, params, [r.output_ids for r in reqs])
+            apply_penalties(logits, params, outputs)
         # Before min_new_tokens, no token that would stop the request may be picked (EOS does
         # not stop an ignore_eos request, so it stays allowed there, as in vLLM).
         early = [(i, r.params.stop_token_ids + ([] if r.params.ignore_eos else self.eos_ids))
-                 for i, r in enumerate(reqs) if len(r.output_ids) < r.params.min_new_tokens]
+                 for i, (r, out) in enumerate(zip(reqs, outputs)) if len(out) < r.params.min_new_tokens]
         if early:
             block_stop_tokens(logits, [i for i, _ in early], [ids for _, ids in early])
         if self.grammar is not None:
-            self.grammar.apply_masks(reqs, logits)
-        sampling = SamplingBatch.build(params, [len(r.output_ids) for r in reqs], logits.shape[-1],
-                                       self.runner.device)
-        tokens = self.sampler(logits, sampling)
-        logprobs, top = None, None
-        if any(r.return_logprob for r in reqs):
-            lp = torch.log_softmax(logits, -1)
-            logprobs = lp.gather(1, tokens[:, None])[:, 0].tolist()
-            k = max(r.top_logprobs_num for r in reqs)
-            top = _top(lp, k) if k else None
-        outs = []
-        for i, (req, tok) in enumerate(zip(reqs, tokens.tolist())):
-            req.output_ids.append(tok)
-            if logprobs is not None and req.return_logprob:
-                req.logprobs.append(logprobs[i])
-                if top is not None and req.top_logprobs_num:
-                    req.top_logprobs.append(top[i][: req.top_logprobs_num])
-            req.finish_reason = self._finish_reason(req, tok)
-            if req.matcher is not None and req.finish_reason is None:
-                req.finish_reason = self._grammar_step(req, tok)
-            if req.finish_reason is not None:
-                outs.append(self._finish(req))
-            elif req.stream or req.output.scans_text:
-                outs.append(self._out(req))
+            self.grammar.apply_masks(reqs, logits, ahead)
+        sampling = SamplingBatch.build(params, [len(out) for out in outputs], logits.shape[-1], self.runner.device)
+        return logits, sampling
+
+    @staticmethod
+    def _logprobs(reqs: list[Req], logits: torch.Tensor) -> torch.Tensor | None:
+        return torch.log_softmax(logits, -1) if any(r.return_logprob for r in reqs) else None
+
+    def _sample_and_finish(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOut]:
+        logits, sampling = self._prepare_logits(reqs, logits)
+        tokens = self.sampler(logits, sampling).tolist()
+        lp = self._logprobs(reqs, logits)
+        outs: list[ReqOut] = []
+        for i, (req, tok) in enumerate(zip(reqs, tokens)):
+            self._commit(req, tok, lp, i)
+            self._emit(req, outs)
         self.counters["generated_tokens"] += len(reqs)
         return outs
+
+    def _commit(self, req: Req, tok: int, lp: torch.Tensor | None, row: int) -> bool:
+        """Append a chosen token (with its logprob from `lp[row]`), set the finish reason if it
+        ends the request, and step the grammar. True if a jump-forward rewrote the output."""
+        req.output_ids.append(tok)
+        if lp is not None and req.return_logprob:
+            req.logprobs.append(float(lp[row, tok]))
+            if req.top_logprobs_num:
+                req.top_logprobs.append(_top(lp[row : row + 1], req.top_logprobs_num)[0])
+        req.finish_reason = self._finish_reason(req, tok)
+        if req.matcher is None or req.finish_reason is not None:
+            return False
+        length = len(req.output_ids)
+        req.finish_reason = self._grammar_step(req, tok)
+        return len(req.output_ids) != length or req.output_ids[-1] != tok
+
+    def _emit(self, req: Req, outs: list[ReqOut]) -> None:
+        """After a step: the request's final output, or its progress if someone reads it."""
+        if req.finish_reason is not None:
+            outs.append(self._finish(req))
+        elif req.stream or req.output.scans_text:
+            outs.append(self._out(req))
 
     def _finish_reason(self, req: Req, tok: int) -> FinishReason | None:
         p = req.params

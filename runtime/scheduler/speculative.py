@@ -1,13 +1,15 @@
 """Speculative decoding: cheap guesses of a request's next tokens, verified in one forward.
 
 A proposer guesses up to K tokens per request; the target model then runs one extend step over
-[last token, guesses] and yields the logits after each of them. `verify` keeps the longest run
-of guesses the target agrees with, plus one token of the target's own, so every step commits
-between 1 and K + 1 tokens:
-- greedy rows accept a guess exactly when it is the argmax, so outputs equal plain decoding;
-- sampled rows accept guess d with probability p(d) and, on a rejection, draw from p with d
-  removed (renormalised). With a point-mass proposal this is Leviathan et al.'s rejection
-  rule, so every committed token follows the target distribution p.
+[last token, guesses] and yields the logits after each of them. At every row the target picks
+its own token exactly as plain decoding would (the argmax, or a sample whose noise comes from
+the request's seed and position), and `verify` keeps the guesses while they equal those picks,
+then the first pick that differs (or the pick after the last guess). Every step thus commits
+between 1 and K + 1 tokens, each one the target's own choice:
+- greedy outputs equal plain decoding token for token;
+- a sampled guess d holds with probability p(d), which is Leviathan et al.'s acceptance rule
+  for a point-mass proposal (both proposers guess one token), and the committed tokens follow
+  the target distribution; seeded outputs even equal plain decoding's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.model.sampler import Sampler, SamplingBatch
+from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.req import Req
 
 
@@ -33,11 +36,11 @@ class NgramProposer:
     def __init__(self, num_tokens: int, min_match: int, max_match: int) -> None:
         self.k, self.min_match, self.max_match = num_tokens, min_match, max_match
 
-    def propose(self, reqs: list[Req], budgets: list[int]) -> list[list[int]]:
-        """Guesses for each request, at most its budget."""
+    def propose(self, reqs: list[Req], budgets: list[int], grammar: GrammarBackend | None = None) -> list[list[int]]:
+        """Guesses for each request, at most its budget (the scheduler cuts them to grammars)."""
         return [self.guess(np.frombuffer(r.fill_ids(), dtype=np.int32), b) for r, b in zip(reqs, budgets)]
 
-    def commit(self, req: Req, accepted: int, committed: int, guessed: int) -> None:
+    def commit(self, req: Req, kept: int) -> None:
         """Nothing to keep in step: the guesses came from the request's own tokens."""
 
     def release(self, req: Req) -> None:
@@ -63,9 +66,14 @@ class NgramProposer:
 class Proposer(Protocol):
     """What the scheduler asks of a guesser."""
 
-    def propose(self, reqs: list[Req], budgets: list[int]) -> list[list[int]]: ...
-    def commit(self, req: Req, accepted: int, committed: int, guessed: int) -> None: ...
-    def release(self, req: Req) -> None: ...
+    def propose(self, reqs: list[Req], budgets: list[int], grammar: GrammarBackend | None = None) -> list[list[int]]:
+        """Up to budgets[i] guesses for each request; `grammar` steps constrained ones."""
+
+    def commit(self, req: Req, kept: int) -> None:
+        """After verification: the first `kept` guesses became output and keep their K/V."""
+
+    def release(self, req: Req) -> None:
+        """The request left the running batch; drop what is held for it."""
 
 
 def make_proposer(args: ServerArgs, target: ModelRunner) -> Proposer | None:
@@ -96,25 +104,11 @@ def verify(logits: torch.Tensor, offsets: Sequence[int], drafts: Sequence[Sequen
     offsets[i] .. offsets[i] + len(drafts[i]) of `logits` (row j: the distribution after its
     j-th input, so row 0 scores guess 1); `sampling` has one entry per row."""
     picks = sampler(logits, sampling).tolist()  # the target's own choice at every row
-    probs = None if sampling.all_greedy else sampler.probs(logits, sampling)
-    uniform = None if sampling.all_greedy else sampler.uniform(sampling).tolist()
     verdicts = []
     for off, draft in zip(offsets, drafts):
-        tokens, rows = [], []
-        for j, guess in enumerate(draft):
-            row = off + j
-            rows.append(row)
-            if sampling.all_greedy or bool(sampling.greedy[row]):
-                if guess != picks[row]:
-                    tokens.append(picks[row])  # the argmax instead
-                    break
-            elif uniform[row] >= float(probs[row, guess]):
-                tokens.append(sampler.sample_without(probs[row], guess, sampling, row))
-                break
-            tokens.append(guess)
-        else:  # every guess held: the target adds the token after them
-            rows.append(off + len(draft))
-            tokens.append(picks[off + len(draft)])
-        accepted = len(tokens) - 1
-        verdicts.append(Verdict(tokens, accepted, rows))
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == picks[off + accepted]:
+            accepted += 1
+        rows = list(range(off, off + accepted + 1))
+        verdicts.append(Verdict([picks[r] for r in rows], accepted, rows))
     return verdicts
