@@ -28,11 +28,16 @@ from arbor.runtime.messages import (
     unpack_ids,
 )
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from arbor.runtime.model.penalties import apply_penalties, block_stop_tokens
 from arbor.runtime.model.runner import ModelRunner
-from arbor.runtime.model.sampler import Sampler, SamplingBatch
+from arbor.runtime.model.sampler import Sampler
 from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.scheduler.logits import (
+    logprobs_of,
+    prepare_logits,
+    prompt_logprobs,
+    top_logprobs,
+)
 from arbor.runtime.scheduler.policy import order_waiting
 from arbor.runtime.scheduler.req import Req
 from arbor.runtime.scheduler.speculative import make_proposer, verify
@@ -301,7 +306,7 @@ class Scheduler:
                                 loc, self.runner.req_to_token.table, return_all_logits=want)
         out = self.runner.forward(fb)
         if out.all_logits is not None:
-            self._prompt_logprobs(reqs, fills, ends, out.all_logits)
+            prompt_logprobs(reqs, fills, ends, out.all_logits)
         return self._finish_prefill(batch, out.next_token_logits)
 
     def _run_mixed(self, batch: list[tuple[Req, int]]) -> list[ReqOut]:
@@ -345,24 +350,6 @@ class Scheduler:
             outs += self._sample_and_finish(done, logits[done_rows])
         self.running.extend(r for r in done if r.finish_reason is None)
         return outs
-
-    def _prompt_logprobs(self, reqs: list[Req], fills: list, ends: list[int], all_logits: torch.Tensor) -> None:
-        """Logprob of each prompt token from `logprob_start` on, given the tokens before it."""
-        offset = 0
-        for req, fill, end in zip(reqs, fills, ends):
-            n = end - req.kv_len
-            if req.wants_prompt_logprobs:
-                # Row j predicts position kv_len + j + 1; keep targets in [max(start, 1), prompt end).
-                first = max(req.logprob_start, 1, req.kv_len + 1)
-                last = min(end + 1, len(req.origin_ids))
-                if last > first:
-                    rows = all_logits[offset + first - 1 - req.kv_len : offset + last - 1 - req.kv_len]
-                    lp = torch.log_softmax(rows.float(), -1)
-                    targets = torch.tensor(fill[first:last].tolist(), device=lp.device)
-                    req.input_logprobs += lp.gather(1, targets[:, None])[:, 0].tolist()
-                    if req.top_logprobs_num:
-                        req.input_top_logprobs += _top(lp, req.top_logprobs_num)
-            offset += n
 
     def _run_decode(self) -> list[ReqOut]:
         if self.proposer is not None and len(self.running) <= self.args.speculative_max_batch:
@@ -415,10 +402,10 @@ class Scheduler:
         roll back the rest."""
         row_reqs = [r for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)]
         ahead = [d[:j] for d in drafts for j in range(len(d) + 1)]
-        logits, sampling = self._prepare_logits(row_reqs, logits, ahead)
+        logits, sampling = prepare_logits(row_reqs, logits, self.eos_ids, self.grammar, ahead)
         offsets = np.cumsum([0] + [len(d) + 1 for d in drafts[:-1]]).tolist()
         verdicts = verify(logits, offsets, drafts, sampling, self.sampler)
-        lp = self._logprobs(reqs, logits)
+        lp = logprobs_of(reqs, logits)
         self._count_decode_step()
         self.counters["spec_verify_steps"] += 1
         outs = []
@@ -467,37 +454,10 @@ class Scheduler:
 
     # ------------------------------------------------------------ results
 
-    def _prepare_logits(self, reqs: list[Req], logits: torch.Tensor,
-                        ahead: list[list[int]] | None = None) -> tuple[torch.Tensor, SamplingBatch]:
-        """Apply penalties, min-token stop blocking and grammar masks to each row, and build
-        its sampling parameters. Row i belongs to reqs[i] as if `ahead[i]` (guesses still
-        being verified) had already been generated."""
-        ahead = ahead or [[] for _ in reqs]
-        params = [r.params for r in reqs]
-        outputs = [r.output_ids + a if a else r.output_ids for r, a in zip(reqs, ahead)]
-        if not all(p.greedy and not p.penalized for p in params) or any(r.return_logprob for r in reqs):
-            logits = logits.float()  # probabilities and penalties in float32; an argmax needs neither
-        if any(p.penalized for p in params):
-            apply_penalties(logits, params, outputs)
-        # Before min_new_tokens, no token that would stop the request may be picked (EOS does
-        # not stop an ignore_eos request, so it stays allowed there, as in vLLM).
-        early = [(i, r.params.stop_token_ids + ([] if r.params.ignore_eos else self.eos_ids))
-                 for i, (r, out) in enumerate(zip(reqs, outputs)) if len(out) < r.params.min_new_tokens]
-        if early:
-            block_stop_tokens(logits, [i for i, _ in early], [ids for _, ids in early])
-        if self.grammar is not None:
-            self.grammar.apply_masks(reqs, logits, ahead)
-        sampling = SamplingBatch.build(params, [len(out) for out in outputs], logits.shape[-1], self.runner.device)
-        return logits, sampling
-
-    @staticmethod
-    def _logprobs(reqs: list[Req], logits: torch.Tensor) -> torch.Tensor | None:
-        return torch.log_softmax(logits, -1) if any(r.return_logprob for r in reqs) else None
-
     def _sample_and_finish(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOut]:
-        logits, sampling = self._prepare_logits(reqs, logits)
+        logits, sampling = prepare_logits(reqs, logits, self.eos_ids, self.grammar)
         tokens = self.sampler(logits, sampling).tolist()
-        lp = self._logprobs(reqs, logits)
+        lp = logprobs_of(reqs, logits)
         outs: list[ReqOut] = []
         for i, (req, tok) in enumerate(zip(reqs, tokens)):
             self._commit(req, tok, lp, i)
@@ -512,7 +472,7 @@ class Scheduler:
         if lp is not None and req.return_logprob:
             req.logprobs.append(float(lp[row, tok]))
             if req.top_logprobs_num:
-                req.top_logprobs.append(_top(lp[row : row + 1], req.top_logprobs_num)[0])
+                req.top_logprobs.append(top_logprobs(lp[row : row + 1], req.top_logprobs_num)[0])
         req.finish_reason = self._finish_reason(req, tok)
         if req.matcher is None or req.finish_reason is not None:
             return False
@@ -618,8 +578,3 @@ class Scheduler:
         """None when every KV slot is accounted for, else the numbers."""
         return self.kv.check()
 
-
-def _top(logprobs: torch.Tensor, k: int) -> list[list[tuple[float, int]]]:
-    """The k most likely tokens of each row, as (logprob, token id), best first."""
-    values, ids = logprobs.topk(k, dim=-1)
-    return [list(zip(v, i)) for v, i in zip(values.tolist(), ids.tolist())]
