@@ -6,7 +6,9 @@ Prompts are held-out standard-library code prefixes (128 tokens each); generatio
 (median of `--repeats` runs), the mean tokens committed per verify step, and whether the
 outputs equal spec-off token for token. The `, always` modes speculate at every batch size
 (no adaptive switch-off): where they fall below spec-off is where `--speculative-max-batch`
-should stop speculation. bf16 where the CPU has fast bf16, else fp32.
+should stop speculation. Peer in the same run: llama.cpp's `llama-server` on GGUF conversions
+of the pair (`peers.sh gguf` into ~/.cache/arbor-peers/eval-gguf/{target,draft}), without and
+with its draft model (`-md`, K = 4). bf16 where the CPU has fast bf16, else fp32.
 
     python benchmarks/bench_spec.py            # table; JSON + PNG into docs/benchmarks/
 """
@@ -56,6 +58,31 @@ def run_mode(path: Path, prompts: list[list[int]], extra: dict[str, Any], out_le
     return cells
 
 
+def run_llama(prompts: list[list[int]], out_len: int, repeats: int, draft: bool) -> dict[int, dict[str, Any]]:
+    """llama-server on GGUF conversions of the pair (`peers.sh gguf`), with `-md` when `draft`,
+    K = 4 like Arbor's default; one slot per request of the largest batch."""
+    import asyncio
+
+    import peers
+
+    gguf = peers.PEERS / "eval-gguf"
+    kind = "bf16" if peers.dtype_name() == "bfloat16" else "f32"
+    slots = max(BATCHES)
+    cmd = [str(peers.LLAMA_BIN), "-m", str(gguf / "target" / f"model-{kind}.gguf"), "-t", "2", "-tb", "2",
+           "-c", str(slots * 512), "-np", str(slots), "-fa", "on", "--host", "127.0.0.1", "--port", "{port}"]
+    if draft:
+        cmd += ["-md", str(gguf / "draft" / f"model-{kind}.gguf"), "--spec-type", "draft-simple",
+                "--spec-draft-n-max", "4"]
+    cells = {}
+    with peers.serve("llama-server-md" if draft else "llama-server", cmd) as system:
+        asyncio.run(peers.run_all(system, [(prompts[0], 8)]))  # warm-up
+        for b in BATCHES:
+            times = [asyncio.run(peers.run_all(system, [(p, out_len) for p in prompts[:b]])) for _ in range(repeats)]
+            cells[b] = {"tok_s": b * out_len / statistics.median(times), "runs_s": times, "accept_len": float("nan")}
+            print(f"  {b:3d} requests  {cells[b]['tok_s']:8.1f} tok/s", flush=True)
+    return cells
+
+
 def main() -> None:
     import eval_data
     import make_eval_models
@@ -74,12 +101,20 @@ def main() -> None:
     for name, extra in modes(draft).items():
         print(f"{name}:", flush=True)
         result["modes"][name] = run_mode(path, prompts, extra, args.out_len, args.repeats)
+    peer_ready = (Path.home() / ".cache" / "arbor-peers" / "eval-gguf" / "draft").exists()
+    for name, with_draft in (("llama-server", False), ("llama-server -md", True)) if peer_ready else ():
+        print(f"{name}:", flush=True)
+        result["modes"][name] = run_llama(prompts, args.out_len, args.repeats, with_draft)
+    if not peer_ready:
+        print("llama-server skipped: no GGUF conversions of the pair under ~/.cache/arbor-peers/eval-gguf")
     base = result["modes"]["off"]
     base_outputs = {b: cell["outputs"] for b, cell in base.items()}
-    for cells in result["modes"].values():
+    for name, cells in result["modes"].items():
+        own = result["modes"]["llama-server"] if name.startswith("llama") else base  # each system's own spec-off
         for b, cell in cells.items():
-            cell["speedup"] = cell["tok_s"] / base[b]["tok_s"]
-            cell["equal_to_off"] = cell.pop("outputs") == base_outputs[b]
+            cell["speedup"] = cell["tok_s"] / own[b]["tok_s"]
+            if "outputs" in cell:
+                cell["equal_to_off"] = cell.pop("outputs") == base_outputs[b]
     report(result)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "bench_spec.json").write_text(json.dumps(result, indent=2))
@@ -92,7 +127,7 @@ def report(r: dict[str, Any]) -> None:
     for name, cells in r["modes"].items():
         row = " ".join(f"{c['tok_s']:8.1f} ({c['speedup']:.2f}x, {c['accept_len']:.2f})" for c in cells.values())
         print(f"  {name:14} {row}")
-    print("  cells: tok/s (speedup over off, tokens per verify step)")
+    print("  cells: tok/s (speedup over the same system's spec off, tokens per verify step; nan: not reported)")
 
 
 def chart(r: dict[str, Any]) -> None:
