@@ -13,7 +13,6 @@ the rest (`KVManager.truncate`); when the target releases a request, so does the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import torch
 
@@ -52,15 +51,14 @@ class DraftProposer:
         guesses: list[list[int]] = [[] for _ in reqs]
         if not active:
             return guesses
-        mask = _masker(grammar, reqs, guesses)
-        first = self._catch_up([reqs[i] for i in active], mask(active))
+        first = self._catch_up([reqs[i] for i in active], grammar, [guesses[i] for i in active])
         if first is None:
             return guesses
         for i, tok in zip(active, first):
             guesses[i].append(tok)
         for step in range(1, max(wants[i] for i in active)):
             going = [i for i in active if wants[i] > step]
-            picks = self._decode([reqs[i] for i in going], [guesses[i][-1] for i in going], step, mask(going))
+            picks = self._decode([reqs[i] for i in going], step, grammar, [guesses[i] for i in going])
             if picks is None:
                 break
             for i, tok in zip(going, picks):
@@ -102,10 +100,11 @@ class DraftProposer:
         shadow = self._shadow(req)
         return shadow.row >= 0 or self.kv.attach(shadow)
 
-    def _catch_up(self, reqs: list[Req], mask: Mask) -> list[int] | None:
+    def _catch_up(self, reqs: list[Req], grammar: GrammarBackend | None, ahead: list[list[int]]
+                  ) -> list[int] | None:
         """Feed each request's shadow the tokens it has not seen; returns the first guesses
-        (None if the KV cannot be reserved). Guesses of a step that was never verified (the target decoded plainly) are
-        dropped."""
+        (None if the KV cannot be reserved). Guesses of a step that was never verified (the
+        target decoded plainly) are dropped."""
         shadows = [self.shadows[id(r)] for r in reqs]
         for s in shadows:
             self.kv.truncate(s, s.kv_len)
@@ -116,15 +115,16 @@ class DraftProposer:
         inputs = [s.fill_ids()[s.kv_len :].tolist() for s in shadows]
         fb = ForwardBatch.build(ForwardMode.EXTEND, inputs, [s.kv_len for s in shadows], [s.row for s in shadows],
                                 loc, self.runner.req_to_token.table)
-        picks = argmax_cpu(mask(self.runner.forward(fb).next_token_logits)).tolist()
+        picks = _picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
         for s, e in zip(shadows, ends):
             s.kv_len = e
             self.kv.cache_prefix(s)  # later requests with this prompt hit the draft's tree too
         return picks
 
-    def _decode(self, reqs: list[Req], inputs: list[int], step: int, mask: Mask) -> list[int] | None:
-        """One batched decode step over the previous guesses (position seq_len + step - 1);
-        returns the next guesses (None if the KV cannot be reserved)."""
+    def _decode(self, reqs: list[Req], step: int, grammar: GrammarBackend | None, ahead: list[list[int]]
+                ) -> list[int] | None:
+        """One batched decode step over each request's last guess (`ahead[i][-1]`, position
+        seq_len + step - 1); returns the next guesses (None if the KV cannot be reserved)."""
         shadows = [self.shadows[id(r)] for r in reqs]
         starts = [s.seq_len + step - 1 for s in shadows]
         for s, p in zip(shadows, starts):
@@ -132,26 +132,15 @@ class DraftProposer:
         loc = self.kv.reserve(shadows, [p + 1 for p in starts])
         if loc is None:
             return None
-        fb = ForwardBatch.build(ForwardMode.DECODE, [[t] for t in inputs], starts, [s.row for s in shadows], loc,
+        fb = ForwardBatch.build(ForwardMode.DECODE, [[a[-1]] for a in ahead], starts, [s.row for s in shadows], loc,
                                 self.runner.req_to_token.table)
-        return argmax_cpu(mask(self.runner.forward(fb).next_token_logits)).tolist()
+        return _picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
 
 
-Mask = Callable[[torch.Tensor], torch.Tensor]
 
-
-def _masker(grammar: GrammarBackend | None, reqs: list[Req], guesses: list[list[int]]) -> Callable[[list[int]], Mask]:
-    """For the requests at `rows`: a function that masks their draft logits by each one's
-    grammar, in the state after its output and its guesses so far (unchanged if none is
-    constrained)."""
-    def for_rows(rows: list[int]) -> Mask:
-        picked = [reqs[i] for i in rows]
-        if grammar is None or all(r.matcher is None for r in picked):
-            return lambda logits: logits
-        ahead = [guesses[i] for i in rows]
-
-        def mask(logits: torch.Tensor) -> torch.Tensor:
-            grammar.apply_masks(picked, logits, ahead)
-            return logits
-        return mask
-    return for_rows
+def _picks(logits: torch.Tensor, reqs: list[Req], grammar: GrammarBackend | None, ahead: list[list[int]]) -> list[int]:
+    """The draft's argmax per row, masked for constrained requests by the grammar state after
+    their output and their guesses so far."""
+    if grammar is not None:
+        grammar.apply_masks(reqs, logits, ahead)
+    return argmax_cpu(logits).tolist()

@@ -35,9 +35,16 @@ def prepare_logits(reqs: list[Req], logits: torch.Tensor, eos_ids: list[int], gr
     return logits, sampling
 
 
-def logprobs_of(reqs: list[Req], logits: torch.Tensor) -> torch.Tensor | None:
-    """Log-softmax of the rows, if any request returns logprobs."""
-    return torch.log_softmax(logits, -1) if any(r.return_logprob for r in reqs) else None
+def token_logprobs(reqs: list[Req], logits: torch.Tensor, rows: list[int], tokens: list[int]
+                   ) -> tuple[list[float], list[list]] | None:
+    """Logprob of tokens[i] at logits row rows[i], and the top alternatives there (as many as
+    any request asks), batched; None if no request returns logprobs."""
+    if not any(r.return_logprob for r in reqs):
+        return None
+    lp = torch.log_softmax(logits[rows], -1)
+    chosen = lp.gather(1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
+    k = max(r.top_logprobs_num for r in reqs)
+    return chosen, top_logprobs(lp, k) if k else [[] for _ in rows]
 
 
 def prompt_logprobs(reqs: list[Req], fills: list, ends: list[int], all_logits: torch.Tensor) -> None:

@@ -32,12 +32,7 @@ from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.model.sampler import Sampler
 from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.kv_manager import KVManager
-from arbor.runtime.scheduler.logits import (
-    logprobs_of,
-    prepare_logits,
-    prompt_logprobs,
-    top_logprobs,
-)
+from arbor.runtime.scheduler.logits import prepare_logits, prompt_logprobs, token_logprobs
 from arbor.runtime.scheduler.policy import order_waiting
 from arbor.runtime.scheduler.req import Req
 from arbor.runtime.scheduler.speculative import make_proposer, verify
@@ -405,16 +400,17 @@ class Scheduler:
         logits, sampling = prepare_logits(row_reqs, logits, self.eos_ids, self.grammar, ahead)
         offsets = np.cumsum([0] + [len(d) + 1 for d in drafts[:-1]]).tolist()
         verdicts = verify(logits, offsets, drafts, sampling, self.sampler)
-        lp = logprobs_of(reqs, logits)
+        picked = [(row, tok) for v in verdicts for row, tok in zip(v.rows, v.tokens)]
+        lps = token_logprobs(reqs, logits, [r for r, _ in picked], [t for _, t in picked])
         self._count_decode_step()
         self.counters["spec_verify_steps"] += 1
-        outs = []
+        outs, first = [], 0  # first: the request's first entry in `picked`
         for req, draft, v in zip(reqs, drafts, verdicts):
             pending = req.seq_len - req.kv_len  # forwarded this step before the guesses
             committed, jumped = 0, False
-            for tok, row in zip(v.tokens, v.rows):
+            for j, tok in enumerate(v.tokens):
+                jumped = self._commit(req, tok, lps, first + j)
                 committed += 1
-                jumped = self._commit(req, tok, lp, row)
                 if req.finish_reason is not None or jumped:
                     break  # after a jump-forward rewrote the output, the later guesses are moot
             # Output token i (1-based) is guess i while i <= accepted, and its K/V stands
@@ -429,6 +425,7 @@ class Scheduler:
                 self.counters["spec_draft_tokens"] += len(draft)
                 self.counters["spec_accepted_tokens"] += kept
             self.counters["generated_tokens"] += committed
+            first += len(v.tokens)
             self._emit(req, outs)
         self.running = [r for r in self.running if r.finish_reason is None]
         return outs
@@ -457,22 +454,23 @@ class Scheduler:
     def _sample_and_finish(self, reqs: list[Req], logits: torch.Tensor) -> list[ReqOut]:
         logits, sampling = prepare_logits(reqs, logits, self.eos_ids, self.grammar)
         tokens = self.sampler(logits, sampling).tolist()
-        lp = logprobs_of(reqs, logits)
+        lps = token_logprobs(reqs, logits, list(range(len(reqs))), tokens)
         outs: list[ReqOut] = []
         for i, (req, tok) in enumerate(zip(reqs, tokens)):
-            self._commit(req, tok, lp, i)
+            self._commit(req, tok, lps, i)
             self._emit(req, outs)
         self.counters["generated_tokens"] += len(reqs)
         return outs
 
-    def _commit(self, req: Req, tok: int, lp: torch.Tensor | None, row: int) -> bool:
-        """Append a chosen token (with its logprob from `lp[row]`), set the finish reason if it
-        ends the request, and step the grammar. True if a jump-forward rewrote the output."""
+    def _commit(self, req: Req, tok: int, lps: tuple[list[float], list[list]] | None, i: int) -> bool:
+        """Append a chosen token (with its logprob, entry i of `token_logprobs`'s answer), set
+        the finish reason if it ends the request, and step the grammar. True if a jump-forward
+        rewrote the output."""
         req.output_ids.append(tok)
-        if lp is not None and req.return_logprob:
-            req.logprobs.append(float(lp[row, tok]))
+        if lps is not None and req.return_logprob:
+            req.logprobs.append(lps[0][i])
             if req.top_logprobs_num:
-                req.top_logprobs.append(top_logprobs(lp[row : row + 1], req.top_logprobs_num)[0])
+                req.top_logprobs.append(lps[1][i][: req.top_logprobs_num])
         req.finish_reason = self._finish_reason(req, tok)
         if req.matcher is None or req.finish_reason is not None:
             return False
