@@ -29,11 +29,14 @@ BATCHES = (1, 4, 16, 64)
 ALWAYS = {"speculative_max_batch": 1024}
 
 
-def modes(draft: Path) -> dict[str, dict[str, Any]]:
+def modes(draft: Path, token_map: Path) -> dict[str, dict[str, Any]]:
+    """Defaults (K = 4), each also without the batch switch-off, and the draft tuned: K = 6
+    with an FR-Spec token map (its 8,192 commonest training tokens)."""
     ngram = {"speculative_algorithm": "ngram"}
     with_draft = {"speculative_algorithm": "draft", "speculative_draft_model_path": str(draft)}
+    tuned = with_draft | {"speculative_num_draft_tokens": 6, "speculative_token_map": str(token_map)}
     return {"off": {}, "ngram": ngram, "ngram, always": ngram | ALWAYS, "draft": with_draft,
-            "draft, always": with_draft | ALWAYS}
+            "draft, always": with_draft | ALWAYS, "draft K=6, map": tuned}
 
 
 def run_mode(path: Path, prompts: list[list[int]], extra: dict[str, Any], out_len: int, repeats: int
@@ -98,7 +101,7 @@ def main() -> None:
     prompts = eval_data.heldout_windows(path, max(BATCHES), args.prompt_len)
     result: dict[str, Any] = {"model": path.name, "dtype": str(resolve_dtype("auto", torch.device("cpu"))),
                               "prompt_len": args.prompt_len, "out_len": args.out_len, "modes": {}}
-    for name, extra in modes(draft).items():
+    for name, extra in modes(draft, make_eval_models.token_map(draft)).items():
         print(f"{name}:", flush=True)
         result["modes"][name] = run_mode(path, prompts, extra, args.out_len, args.repeats)
     peer_ready = (Path.home() / ".cache" / "arbor-peers" / "eval-gguf" / "draft").exists()

@@ -94,6 +94,23 @@ def ensure(name: str, seed: int = 0) -> Path:
     return target
 
 
+def token_map(model: Path, size: int = 8192) -> Path:
+    """`model`'s FR-Spec token map (`--speculative-token-map`): the `size` commonest tokens
+    of the training split, written beside the checkpoint on first use."""
+    from collections import Counter
+
+    import eval_data
+
+    path = model / f"token_map_{size}.pt"
+    if not path.exists():
+        counts = Counter(tok for doc in eval_data.tokenize_split(model, held_out=False) for tok in doc)
+        ids = torch.tensor(sorted(tok for tok, _ in counts.most_common(size)), dtype=torch.int64)
+        staged = path.with_suffix(".tmp")
+        torch.save(ids, staged)
+        staged.rename(path)
+    return path
+
+
 def train(name: str, recipe: Recipe, seed: int, out: Path) -> None:
     """Train from scratch on the training split and save the model (float32) into `out`."""
     import eval_data
@@ -148,10 +165,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seeds the initial weights and the batches")
     ap.add_argument("--print", choices=sorted(RECIPES), default=None,
                     help="print only this model's path (training it first if needed)")
+    ap.add_argument("--token-map", action="store_true",
+                    help="with --print draft: print the draft's FR-Spec token map instead (writing it first)")
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out perplexity table")
     args = ap.parse_args()
     if args.print:
-        print(ensure(args.print, args.seed))
+        path = ensure(args.print, args.seed)
+        print(token_map(path) if args.token_map else path)
         return
     paths = {name: ensure(name, args.seed) for name in RECIPES}
     for name, path in paths.items():

@@ -128,6 +128,10 @@ class ServerArgs:
         None, "The draft checkpoint for --speculative-algorithm draft (same tokenizer as the target); it gets "
         "its own KV cache and radix tree, as many tokens as the target's."
     )
+    speculative_token_map: str | None = _opt(
+        None, "A torch file with a 1-D tensor of frequent token ids (SGLang's format): the draft's LM head "
+        "computes only those (FR-Spec), a cheaper draft step; outputs are unchanged, acceptance may drop."
+    )
     speculative_num_draft_tokens: int = _opt(4, "Guesses per request per step (K); a step commits 1 to K + 1 tokens.")
     speculative_ngram_min_match: int = _opt(1, "Shortest suffix of a request's tokens looked up for guesses.")
     speculative_ngram_max_match: int = _opt(4, "Longest suffix looked up (longer matches are tried first).")
@@ -156,6 +160,8 @@ class ServerArgs:
             raise ValueError("speculative_num_draft_tokens and speculative_max_batch must be >= 1")
         if self.speculative_algorithm == "draft" and not self.speculative_draft_model_path:
             raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path")
+        if self.speculative_token_map and self.speculative_algorithm != "draft":
+            raise ValueError("--speculative-token-map applies to --speculative-algorithm draft only")
         if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:
             raise ValueError("need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:

@@ -14,6 +14,7 @@ from arbor.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
 from arbor.runtime.model.attention import create_backend, resolve_backend
 from arbor.runtime.model.forward_batch import ForwardBatch
 from arbor.runtime.model.fused import use_cpu_kernels, use_triton_kernels
+from arbor.runtime.model.hot_head import use_hot_head
 from arbor.runtime.model.loader import load_model
 from arbor.runtime.model.packed import can_pack, pack_linears
 
@@ -55,10 +56,13 @@ def _cpu_has_fast_bf16() -> bool:
 class ModelRunner:
     """Loads the checkpoint, sizes and allocates the KV cache, and runs forward passes."""
 
-    def __init__(self, args: ServerArgs, model_path: str) -> None:
+    def __init__(self, args: ServerArgs, model_path: str, hot_tokens: torch.Tensor | None = None) -> None:
+        """`hot_tokens`: compute logits for these token ids only (a draft's HotHead)."""
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.model, self.config = load_model(model_path, self.dtype, self.device)
+        if hot_tokens is not None:
+            use_hot_head(self.model, hot_tokens)
         cfg = self.config
         self.context_len = min(args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
         ps = args.page_size

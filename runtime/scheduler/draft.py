@@ -20,6 +20,7 @@ from arbor.kernels.cpu_ops import argmax_cpu
 from arbor.radix.cache import RadixCache
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.hot_head import load_token_map
 from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.kv_manager import KVManager
@@ -32,8 +33,10 @@ class DraftProposer:
     def __init__(self, args: ServerArgs, target: ModelRunner) -> None:
         # As many KV slots as the target's pool, so every running request fits in both.
         draft_args = dataclasses.replace(args, max_total_tokens=target.allocator.total_slots)
-        self.runner = ModelRunner(draft_args, str(args.speculative_draft_model_path))
-        if self.runner.config.vocab_size != target.config.vocab_size:
+        vocab = target.config.vocab_size
+        hot = load_token_map(args.speculative_token_map, vocab) if args.speculative_token_map else None
+        self.runner = ModelRunner(draft_args, str(args.speculative_draft_model_path), hot)
+        if self.runner.config.vocab_size != vocab:
             raise ValueError(f"the draft's vocabulary ({self.runner.config.vocab_size}) differs from the "
                              f"target's ({target.config.vocab_size}); they must share a tokenizer")
         tree = None if args.disable_radix_cache else RadixCache(args.page_size)

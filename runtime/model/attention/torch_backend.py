@@ -32,7 +32,7 @@ from arbor.runtime.model.attention.cascade import (
     find_shared_prefixes,
     merge_lse,
 )
-from arbor.runtime.model.forward_batch import ForwardBatch
+from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
 GROUPS = 8  # a batch is split into at most this many length-sorted groups...
 GROUP_MIN = 16  # ...of at least this many requests, so each pads only to its own longest
@@ -74,6 +74,9 @@ class TorchAttnBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self.page_size = self.req_to_token.page_size
         self.shared = find_shared_prefixes(batch, self.req_to_token.table, self.page_size)
+        if self.ops is not None and batch.mode is ForwardMode.DECODE and not self.shared:
+            self._plan_decode(batch)
+            return
         start = torch.zeros_like(batch.seq_lens)
         for sp in self.shared:
             start[sp.members] = sp.length
@@ -95,6 +98,14 @@ class TorchAttnBackend(AttentionBackend):
         # prefix): no copies around it, the prefix's part handed to it as its starting state.
         self.kernel_all = self.kernel is not None and not self.groups
         self.exact_tokens = torch.cat(exact) if exact else None
+
+    def _plan_decode(self, batch: ForwardBatch) -> None:
+        """Decode with no shared prefix (the common step, and every draft step): one token
+        per request, all to the kernel from position 0, nothing to pad or merge."""
+        rows = torch.arange(batch.batch_size, device=batch.seq_lens.device)
+        self.kernel = _KernelRows(rows, batch.req_pool_indices, torch.zeros_like(batch.seq_lens), batch.seq_lens,
+                                  batch.qo_indptr.to(torch.int64))
+        self.groups, self.any_sdpa, self.kernel_all, self.exact_tokens = [], False, True, rows
 
     def _kernel_rows(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor) -> _KernelRows:
         ext = batch.extend_lens[rows]
