@@ -129,7 +129,7 @@ def test_draft_model_greedy_equal_and_no_leak(tiny_model, tmp_path, draft: str) 
     extra = {}
     if draft.endswith("token map"):
         picked = sorted({t for o in base for t in o["output_ids"]})
-        torch.save(torch.tensor(picked + [1, 2, 3]), tmp_path / "map.pt")
+        torch.save(torch.tensor([*picked, 1, 2, 3]), tmp_path / "map.pt")
         extra = {"speculative_token_map": str(tmp_path / "map.pt")}
     spec, stats = _generate(path, prompts, params, speculative_algorithm="draft",
                             speculative_draft_model_path=str(draft_path), **common, **extra)
