@@ -44,8 +44,17 @@ def tokenize_split(tokenizer_dir: Path, held_out: bool) -> list[list[int]]:
 
 def heldout_windows(tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:
     """`count` disjoint windows of `length` tokens from the held-out files, in file order."""
-    stream = [t for ids in tokenize_split(tokenizer_dir, held_out=True) for t in ids]
+    return _windows(tokenizer_dir, count, length, held_out=True)
+
+
+def train_windows(tokenizer_dir: Path, count: int, length: int) -> list[list[int]]:
+    """`count` disjoint windows from the training files (calibration data for quantizers)."""
+    return _windows(tokenizer_dir, count, length, held_out=False)
+
+
+def _windows(tokenizer_dir: Path, count: int, length: int, held_out: bool) -> list[list[int]]:
+    stream = [t for ids in tokenize_split(tokenizer_dir, held_out=held_out) for t in ids]
     if len(stream) < count * length:
-        raise ValueError(f"the held-out split has {len(stream)} tokens; {count} x {length} do not fit")
+        raise ValueError(f"the split has {len(stream)} tokens; {count} x {length} do not fit")
     stride = len(stream) // count
     return [stream[i * stride : i * stride + length] for i in range(count)]

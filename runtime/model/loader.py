@@ -11,6 +11,7 @@ from torch import nn
 
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
 from arbor.runtime.model.models import model_class
+from arbor.runtime.model.quant.apply import quantize_linears
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, ModelConfig]:
@@ -24,6 +25,8 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> tu
             model = model_class(cfg)(cfg)
     finally:
         torch.set_default_dtype(previous)
+    if cfg.quant is not None:
+        quantize_linears(model, cfg.quant, model.linear_parts)
     model = model.to_empty(device=device)
     model.load_weights(_iter_tensors(files, device))
     return model.eval(), cfg

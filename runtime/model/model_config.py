@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arbor.runtime.model.errors import CheckpointError
+from arbor.runtime.model.quant.config import QuantConfig
+from arbor.runtime.model.quant.config import parse as parse_quant_config
 
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be served; the message names the problem."""
-
+__all__ = ["CheckpointError", "ModelConfig"]
 
 # architectures[0] -> our model family; one implementation covers the whole Llama family.
 SUPPORTED_ARCHITECTURES = {
@@ -43,6 +44,7 @@ class ModelConfig:
     qkv_bias: bool
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
+    quant: QuantConfig | None = None  # the checkpoint's quantization_config, parsed
 
     @property
     def family(self) -> str:
@@ -92,6 +94,7 @@ class ModelConfig:
                 qkv_bias=bool(raw.get("attention_bias", arch in _QKV_BIAS_ARCHS)),
                 qk_norm=arch in _QK_NORM_ARCHS,
                 eos_token_ids=_eos_ids(raw, Path(path)),
+                quant=parse_quant_config(raw, str(path)),
             )
         except CheckpointError:
             raise

@@ -14,6 +14,7 @@ from torch import nn
 from arbor.runtime.model.forward_batch import ForwardBatch
 from arbor.runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
+from arbor.runtime.model.quant.linear import QuantLinear
 
 
 class Attention(nn.Module):
@@ -97,6 +98,7 @@ class LlamaForCausalLM(nn.Module):
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; every parameter
         must be filled exactly once, or CheckpointError names what is missing or unknown."""
         params = dict(self.named_parameters())
+        quantized = {n: m for n, m in self.named_modules() if isinstance(m, QuantLinear)}
         filled: dict[str, int] = {}
         for hf_name, tensor in weights:
             if "rotary_emb.inv_freq" in hf_name:
@@ -104,6 +106,10 @@ class LlamaForCausalLM(nn.Module):
             if hf_name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied checkpoints may still ship a copy of the embedding
             name, lo, hi = self._target(hf_name)
+            module, _, key = name.rpartition(".")
+            if module in quantized and key != "bias":
+                quantized[module].stage(lo or 0, key, tensor)
+                continue
             if name not in params:
                 raise CheckpointError(f"checkpoint tensor {hf_name!r} has no place in {type(self).__name__}")
             dest = params[name].data
@@ -115,6 +121,23 @@ class LlamaForCausalLM(nn.Module):
         missing = [n for n, p in params.items() if filled.get(n, 0) != p.shape[0]]
         if missing:
             raise CheckpointError(f"checkpoint lacks weights for {', '.join(missing[:5])}")
+        for name, layer in quantized.items():
+            layer.build(name, self.embed_tokens.weight.dtype)
+
+    def linear_parts(self, name: str) -> list[tuple[str, int, int]]:
+        """The checkpoint layers fused into our linear `name`: (HF name, first row, rows)."""
+        cfg = self.config
+        if name == "lm_head":
+            return [("lm_head", 0, cfg.vocab_size)]
+        q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+        fused = {"qkv_proj": [("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
+                 "gate_up_proj": [("gate_proj", inter), ("up_proj", inter)]}
+        prefix, _, leaf = name.rpartition(".")
+        parts, lo = [], 0
+        for part, rows in fused.get(leaf, [(leaf, self.get_submodule(name).out_features)]):
+            parts.append((f"model.{prefix}.{part}", lo, rows))
+            lo += rows
+        return parts
 
     def _target(self, hf_name: str) -> tuple[str, int | None, int | None]:
         """Our parameter name for an HF tensor, and the row range it fills in a fused one."""

@@ -1,0 +1,110 @@
+"""Checkpoint tensors of one linear layer, decoded into one form per kind.
+
+compressed-tensors stores, per linear layer (`<name>.<tensor>`):
+- pack-quantized: `weight_packed` int32 [out, ceil(in * bits / 32)], values offset by
+  2^(bits-1) to unsigned and packed densely from bit 0 of each word; `weight_scale`
+  [out, groups]; `weight_zero_point` (asymmetric) packed the same way but along dim 0;
+  `weight_shape` [2].
+- int-quantized / naive-quantized: `weight` int8 [out, in], `weight_scale` [out, 1].
+- float-quantized: `weight` float8_e4m3fn [out, in], `weight_scale` [out, 1] or [1].
+Each decodes to `IntWeight` (w = (q - zero) * scale per group of columns) or `FloatWeight`
+(w = fp8 * scale per row). Parts of a fused layer (q/k/v, gate/up) concatenate by rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from arbor.runtime.model.errors import CheckpointError
+from arbor.runtime.model.quant.config import WeightScheme
+
+
+@dataclass
+class IntWeight:
+    """Signed integer weights with a scale (and zero point) per row and group of columns."""
+
+    q: torch.Tensor  # [out, in] int8, within the signed range of `bits`
+    scale: torch.Tensor  # [out, groups] float32
+    zero: torch.Tensor | None  # [out, groups] int8; None: symmetric (zero 0)
+    group: int  # columns per group (in_features when per channel)
+    bits: int
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [out, in] these integers stand for."""
+        q = self.q.float()
+        if self.zero is not None:
+            q = q - self.zero.float().repeat_interleave(self.group, 1)
+        return q * self.scale.repeat_interleave(self.group, 1)
+
+
+@dataclass
+class FloatWeight:
+    """float8_e4m3 weights with a float32 scale per row."""
+
+    w: torch.Tensor  # [out, in] float8_e4m3fn
+    scale: torch.Tensor  # [out] float32
+
+    def dequantize(self) -> torch.Tensor:
+        return self.w.float() * self.scale[:, None]
+
+
+def unpack_int32(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    """[rows, words] int32 -> [rows, count] int8: `bits`-bit fields from bit 0 up, minus the
+    2^(bits-1) offset they were stored with."""
+    per = 32 // bits
+    shifts = torch.arange(per, dtype=torch.int32, device=words.device) * bits
+    fields = (words.to(torch.int32)[:, :, None] >> shifts) & ((1 << bits) - 1)
+    return (fields.reshape(words.shape[0], -1)[:, :count] - (1 << (bits - 1))).to(torch.int8)
+
+
+def decode(scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[int, int], where: str
+           ) -> IntWeight | FloatWeight:
+    """One linear layer's tensors (keyed by suffix: "weight_packed", ...) in their decoded form."""
+    out, cols = shape
+
+    def need(key: str) -> torch.Tensor:
+        if key not in tensors:
+            raise CheckpointError(f"{where}: missing {key} for a {scheme.format} {scheme.name} layer")
+        return tensors[key]
+
+    scale = need("weight_scale").float()
+    if scheme.kind == "float":
+        w = need("weight")
+        if w.dtype != torch.float8_e4m3fn or tuple(w.shape) != shape:
+            raise CheckpointError(f"{where}: weight {w.dtype} {tuple(w.shape)}, expected float8_e4m3fn {shape}")
+        return FloatWeight(w, scale.reshape(-1).expand(out).contiguous())
+    if scheme.format == "pack-quantized":
+        stored = tuple(int(x) for x in need("weight_shape").tolist())
+        if stored != shape:
+            raise CheckpointError(f"{where}: weight_shape {stored}, expected {shape}")
+        q = unpack_int32(need("weight_packed"), scheme.bits, cols)
+        zero = None
+        if not scheme.symmetric:
+            zero = unpack_int32(need("weight_zero_point").T.contiguous(), scheme.bits, out).T.contiguous()
+    else:
+        q = need("weight")
+        if q.dtype != torch.int8:
+            raise CheckpointError(f"{where}: weight {q.dtype}, expected int8")
+        zero = None if scheme.symmetric else need("weight_zero_point").to(torch.int8)
+    group = scheme.group_size or cols
+    if tuple(q.shape) != shape or cols % group or tuple(scale.shape) != (out, cols // group):
+        raise CheckpointError(f"{where}: weight {tuple(q.shape)} with scales {tuple(scale.shape)} does not fit "
+                              f"{shape} in groups of {group}")
+    if zero is not None:
+        zero = zero.reshape(scale.shape)
+    return IntWeight(q.contiguous(), scale.contiguous(), zero, group, scheme.bits)
+
+
+def concat(parts: list[IntWeight | FloatWeight]) -> IntWeight | FloatWeight:
+    """Row-wise concatenation of a fused layer's parts (same scheme each)."""
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], FloatWeight):
+        return FloatWeight(torch.cat([p.w for p in parts]), torch.cat([p.scale for p in parts]))
+    zeros = [p.zero for p in parts]
+    zero = None if zeros[0] is None else torch.cat(zeros)
+    first = parts[0]
+    return IntWeight(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), zero, first.group,
+                     first.bits)

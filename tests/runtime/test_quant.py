@@ -1,0 +1,140 @@
+"""Quantized checkpoints written by llmcompressor (tests/data/quant, see its README): Arbor's
+logits against transformers' dequantized model, each kernel against its dequantize-then-
+matmul reference, greedy decoding, and a clear refusal of every scheme Arbor lacks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+from arbor import Engine
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.memory import reserve_positions
+from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.model_config import CheckpointError, ModelConfig
+from arbor.runtime.model.quant.formats import unpack_int32
+from arbor.runtime.model.quant.linear import QuantLinear
+from arbor.runtime.model.runner import ModelRunner
+from arbor.runtime.tiny_model import write_gpt2_tokenizer
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "quant"
+WEIGHT_ONLY = ["w8a16", "w4a16", "w4a16-asym"]
+WITH_ACTIVATIONS = ["w8a8", "fp8"]  # activations quantized per token: a looser match to the float model
+PROMPTS = [[5, 17, 99, 3, 250, 8, 8, 41], [7] * 3, list(range(30, 90))]
+
+
+def _hf(path: Path):
+    return AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
+
+
+def _logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
+    rows = [runner.req_to_token.alloc() for _ in prompts]
+    ends = [len(p) for p in prompts]
+    loc = reserve_positions(runner.req_to_token, runner.allocator, rows, [0] * len(prompts), ends)
+    batch = ForwardBatch.build(ForwardMode.EXTEND, prompts, [0] * len(prompts), rows, loc,
+                               runner.req_to_token.table, return_all_logits=True)
+    out = runner.forward(batch).all_logits.float()
+    return list(out.split(ends))
+
+
+def _runner(name: str, dtype: str = "float32") -> ModelRunner:
+    return ModelRunner(ServerArgs(dtype=dtype, max_total_tokens=1024), str(DATA / name))
+
+
+@pytest.mark.parametrize("name", WEIGHT_ONLY + WITH_ACTIVATIONS)
+def test_logits_match_the_dequantized_model_in_transformers(name: str) -> None:
+    """fp32: weight-only schemes within 1e-4 of transformers' dequantized model. Schemes that
+    also quantize activations per token (transformers' dequantized model does not) within a
+    share of the largest logit: 5% for int8 activations, 10% for float8's 3 mantissa bits."""
+    runner = _runner(name)
+    assert any(isinstance(m, QuantLinear) for m in runner.model.modules())
+    hf = _hf(DATA / name)
+    with torch.no_grad():
+        for prompt, ours in zip(PROMPTS, _logits(runner, PROMPTS)):
+            ref = hf(torch.tensor([prompt])).logits[0]
+            peak = ref.abs().max().item()
+            assert peak > 0.1
+            bound = {"w8a8": 0.05 * peak, "fp8": 0.10 * peak}.get(name, 1e-4)
+            assert (ours - ref).abs().max().item() < bound
+
+
+@pytest.mark.parametrize("name", WEIGHT_ONLY + WITH_ACTIVATIONS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kernels_match_their_references(name: str, dtype: str) -> None:
+    """Every QuantLinear's kernel against its dequantize-then-matmul reference (activations
+    quantized the same way), per layer: fp32 within 1e-5 relative, bf16 within 2%."""
+    runner = _runner(name, dtype)
+    torch.manual_seed(0)
+    for layer_name, layer in runner.model.named_modules():
+        if not isinstance(layer, QuantLinear):
+            continue
+        x = torch.randn(5, layer.in_features).to(getattr(torch, dtype))
+        ours, ref = layer(x).float(), layer.reference(x).float()
+        scale = ref.abs().max().item()
+        assert (ours - ref).abs().max().item() <= (1e-5 if dtype == "float32" else 0.02) * scale, layer_name
+
+
+@pytest.mark.parametrize("name", WEIGHT_ONLY + WITH_ACTIVATIONS)
+def test_greedy_is_stable_and_weights_shrink(tmp_path: Path, name: str) -> None:
+    """Greedy output is the same run to run and in a batch; weight-only fp32 output equals
+    transformers' greedy decoding of the dequantized model."""
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    path = tmp_path / name
+    shutil.copytree(DATA / name, path)
+    write_gpt2_tokenizer(path, 512)  # the Engine detokenizes; ids < 256 are GPT-2's byte tokens
+    with Engine(str(path), dtype="float32", max_total_tokens=1024) as engine:
+        alone = [engine.generate(input_ids=p, sampling_params=params)["output_ids"] for p in PROMPTS]
+        together = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=params)]
+    assert alone == together
+    if name in WEIGHT_ONLY:
+        hf = _hf(DATA / name)
+        for prompt, out in zip(PROMPTS, alone):
+            ids = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)
+            assert ids[0, len(prompt):].tolist() == out
+    runner = _runner(name)
+    layers = [m for m in runner.model.modules() if isinstance(m, QuantLinear)]
+    dense = sum(4 * m.in_features * m.out_features for m in layers)  # what fp32 would take
+    bits = 4 if name.startswith("w4") else 8
+    assert sum(m.weight_bytes() for m in layers) < dense * (bits / 32) * 1.1
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_unpack_reads_what_compressed_tensors_packs(bits: int) -> None:
+    pack = pytest.importorskip("compressed_tensors.compressors.pack_quantized.helpers").pack_to_int32
+    g = torch.Generator().manual_seed(bits)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1))
+    for cols in (8, 64, 100):
+        values = torch.randint(lo, hi, (6, cols), generator=g, dtype=torch.int8)
+        assert torch.equal(unpack_int32(pack(values, bits), bits, cols), values)
+        assert torch.equal(unpack_int32(pack(values, bits, packed_dim=0).T.contiguous(), bits, 6), values.T)
+
+
+def _with_quant(tmp_path: Path, edit) -> Path:
+    path = tmp_path / "model"
+    shutil.copytree(DATA / "w4a16", path)
+    raw = json.loads((path / "config.json").read_text())
+    edit(raw["quantization_config"])
+    (path / "config.json").write_text(json.dumps(raw))
+    return path
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (lambda q: q.update(quant_method="awq"), "'awq'"),
+    (lambda q: q["config_groups"]["group_0"].update(format="marlin-24"), "'marlin-24'"),
+    (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=3), "3-bit"),
+    (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block"), "'block'"),
+    (lambda q: q.update(sparsity_config={"format": "sparse-24-bitmask"}), "sparsity_config"),
+    (lambda q: q.update(kv_cache_scheme={"num_bits": 8, "type": "float"}), "kv_cache_scheme"),
+    (lambda q: q["config_groups"]["group_0"].update(input_activations={
+        "num_bits": 8, "type": "int", "dynamic": False, "strategy": "tensor"}), "input activations"),
+])
+def test_unsupported_schemes_are_refused_by_name(tmp_path: Path, edit, named: str) -> None:
+    with pytest.raises(CheckpointError, match="not supported") as err:
+        ModelConfig.from_dir(_with_quant(tmp_path, edit))
+    assert named in str(err.value)
