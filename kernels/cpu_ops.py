@@ -1,5 +1,6 @@
 """Arbor's CPU kernels (`cpu_ops.cpp`): paged attention that reads the KV pool in place,
-fused RMSNorm / residual add, rotary embedding and SiLU-and-mul, and a row argmax.
+fused RMSNorm / residual add, rotary embedding and SiLU-and-mul, and a row argmax; and
+weight-only quantized linears (`cpu_quant.cpp`, used by runtime/model/quant/linear.py).
 
 They are compiled once per machine at first use with torch's own extension builder (about
 half a minute; cached under `~/.cache/torch_extensions`). Where no compiler is present, or
@@ -21,7 +22,7 @@ import torch
 from arbor.kernels.reference import rmsnorm_ref, rotary_ref, silu_and_mul_ref
 
 logger = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("cpu_ops.cpp")
+SOURCES = [Path(__file__).with_name("cpu_ops.cpp"), Path(__file__).with_name("cpu_quant.cpp")]
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own libgomp
 _ops: Any = False  # False: not tried yet; None: unavailable
 
@@ -38,9 +39,10 @@ def load() -> Any:
         from torch.utils import cpp_extension
 
         # The name carries the source and the CPU, since -march=native builds for this CPU only.
-        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_model().encode()).hexdigest()[:10]
+        code = b"".join(src.read_bytes() for src in SOURCES)
+        digest = hashlib.sha256(code + " ".join(FLAGS).encode() + _cpu_model().encode()).hexdigest()[:10]
         t0 = time.perf_counter()
-        cpp_extension.load(name=f"arbor_cpu_{digest}", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+        cpp_extension.load(name=f"arbor_cpu_{digest}", sources=[str(src) for src in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
                            is_python_module=False, verbose=False)
         _ops = torch.ops.arbor_cpu
         logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)

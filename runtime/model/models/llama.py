@@ -122,7 +122,7 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise CheckpointError(f"checkpoint lacks weights for {', '.join(missing[:5])}")
         for name, layer in quantized.items():
-            layer.build(name, self.embed_tokens.weight.dtype)
+            layer.build(name)
 
     def linear_parts(self, name: str) -> list[tuple[str, int, int]]:
         """The checkpoint layers fused into our linear `name`: (HF name, first row, rows)."""

@@ -1,33 +1,76 @@
-"""Linear layers over quantized weights, one kernel per kind, each with a dequantize-then-
-matmul reference of the same signature (`QuantLinear.reference`).
+"""Linear layers over quantized weights, each with a dequantize-then-matmul reference of
+the same signature (`QuantLinear.reference`).
 
-On CPUs the kernels are torch's own packed ones:
-- int4 weights (W4A16): `torch._weight_int4pack_mm_for_cpu`, weights repacked once at load;
-- int8 weights (W8A16): `torch._weight_int8pack_mm` per group of columns (it takes one
-  scale per row), zero points folded in through each group's row sums of x;
-- W8A8: x quantized to int8 per token, `torch._int_mm`, both scales applied to the int32 sum;
-- FP8: x quantized to float8 per token, `torch._scaled_mm` with row and column scales.
-Where a kernel does not apply (a device or dtype it lacks), the layer keeps the dequantized
-weight in the model's dtype and says so in the log: same numbers, none of the savings.
+Weights are kept as codes: int8, int4 (two to a byte) or float8_e4m3 bits, with a float32
+scale and zero point per row and group of columns, w = (code - zero) * scale
+(`QuantWeight`). On CPUs:
+- weight-only schemes (W8A16, W4A16, FP8 weight-only): decode-sized batches go to Arbor's
+  `woq_linear` kernel (kernels/cpu_quant.cpp), which reads each weight once per call at 1 or
+  0.5 bytes a value; larger batches dequantize the weight (`woq_dequantize`) and run a dense
+  GEMM;
+- W8A8 (int8 activations per token): x is quantized per row and multiplied by `torch._int_mm`,
+  the int32 sums scaled back by both scales;
+- FP8 with dynamic float8 activations: x is rounded to float8 per row, then as weight-only.
+Without Arbor's CPU kernels, or on other devices, the dense path serves every batch.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from arbor.kernels import cpu_ops
 from arbor.runtime.model.errors import CheckpointError
 from arbor.runtime.model.quant.config import WeightScheme
 from arbor.runtime.model.quant.formats import FloatWeight, IntWeight, concat, decode
 
-logger = logging.getLogger(__name__)
-
-Kernel = Callable[[torch.Tensor], torch.Tensor]
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+INT8, INT4, FP8 = 0, 1, 2  # code kinds, as cpu_quant.cpp numbers them
+SMALL_BATCH = 8  # rows of x up to which woq_linear beats dequantize + dense GEMM (measured)
+
+
+@dataclass
+class QuantWeight:
+    """A weight [out, cols] as codes with a scale and zero point per row and group."""
+
+    codes: torch.Tensor  # uint8 [out, cols] (int8, fp8 bits) or [out, cols / 2] (int4, see cpu_quant.cpp)
+    scale: torch.Tensor  # float32 [out, groups]
+    zero: torch.Tensor  # float32 [out, groups], in code units (int4 codes are unsigned: 8 + zero point)
+    cols: int
+    group: int
+    kind: int
+
+    @classmethod
+    def of(cls, w: IntWeight | FloatWeight) -> QuantWeight:
+        if isinstance(w, FloatWeight):
+            out, cols = w.w.shape
+            return cls(w.w.view(torch.uint8), w.scale[:, None].contiguous(), torch.zeros(out, 1), cols, cols, FP8)
+        zero = torch.zeros_like(w.scale) if w.zero is None else w.zero.float()
+        if w.bits == 8:
+            return cls(w.q.view(torch.uint8), w.scale, zero, w.q.shape[1], w.group, INT8)
+        out, cols = w.q.shape
+        if cols % 32:
+            raise CheckpointError(f"int4 weights need rows of a multiple of 32 values, not {cols}")
+        u = (w.q + 8).to(torch.uint8).view(out, cols // 32, 2, 16)  # blocks of 32: codes j and j + 16 share a byte
+        return cls((u[:, :, 0] | (u[:, :, 1] << 4)).reshape(out, cols // 2), w.scale, zero + 8, cols, w.group, INT4)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.zero))
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [out, cols], in torch ops (the kernels' reference)."""
+        if self.kind == INT4:
+            blocks = self.codes.view(self.codes.shape[0], -1, 1, 16)
+            codes = torch.cat([blocks & 15, blocks >> 4], 2).reshape(self.codes.shape[0], self.cols)
+        elif self.kind == INT8:
+            codes = self.codes.view(torch.int8)
+        else:
+            codes = self.codes.view(torch.float8_e4m3fn)
+        expand = self.group
+        return (codes.float() - self.zero.repeat_interleave(expand, 1)) * self.scale.repeat_interleave(expand, 1)
 
 
 class QuantLinear(nn.Module):
@@ -41,41 +84,48 @@ class QuantLinear(nn.Module):
         self.parts = parts  # (first row, rows) of each checkpoint layer fused into this one
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.staged: dict[int, dict[str, torch.Tensor]] = {}
-        self.weight: IntWeight | FloatWeight | None = None
-        self.kernel: Kernel | None = None
+        self.weight: QuantWeight | None = None
+        self.ops = None
 
     def stage(self, row: int, key: str, tensor: torch.Tensor) -> None:
         self.staged.setdefault(row, {})[key] = tensor
 
-    def build(self, where: str, dtype: torch.dtype) -> None:
-        """Decode the staged parts, fuse them, and prepare the kernel (repacking once)."""
+    def build(self, where: str) -> None:
+        """Decode the staged parts and fuse them into one QuantWeight."""
         missing = [lo for lo, _ in self.parts if lo not in self.staged]
         if missing:
             raise CheckpointError(f"{where}: the checkpoint lacks quantized weights for rows {missing[0]}...")
-        self.weight = concat([decode(self.scheme, self.staged[lo], (rows, self.in_features), f"{where}[{lo}:]")
-                              for lo, rows in self.parts])
+        self.weight = QuantWeight.of(concat([decode(self.scheme, self.staged[lo], (rows, self.in_features),
+                                                    f"{where}[{lo}:]") for lo, rows in self.parts]))
         self.staged.clear()
-        self.kernel = make_kernel(self.weight, self.scheme, dtype, self.weight_device())
-        if self.kernel is None:
-            dense = self.weight.dequantize().to(dtype)
-            self.kernel = lambda x: F.linear(x, dense)
-            logger.warning("%s: no %s kernel for %s on %s; running dequantized", where, self.scheme.name,
-                           str(dtype).removeprefix("torch."), self.weight_device().type)
-
-    def weight_device(self) -> torch.device:
-        return self.weight.q.device if isinstance(self.weight, IntWeight) else self.weight.w.device
+        self.ops = cpu_ops.load() if self.weight.codes.device.type == "cpu" else None
 
     def weight_bytes(self) -> int:
-        """Bytes the quantized weight takes as stored (values, scales, zero points)."""
-        w = self.weight
-        if isinstance(w, FloatWeight):
-            return w.w.numel() + 4 * w.scale.numel()
-        zero = 0 if w.zero is None else w.zero.numel() * w.bits // 8
-        return w.q.numel() * w.bits // 8 + 2 * w.scale.numel() + zero
+        return self.weight.nbytes()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.kernel(x.reshape(-1, self.in_features)).reshape(*x.shape[:-1], self.out_features)
+        flat = x.reshape(-1, self.in_features)
+        act = self.scheme.activations
+        if act == "int8":
+            y = self._int8_activations(flat)
+        else:
+            if act == "fp8":
+                flat = fake_quantize_tokens(flat, "fp8")
+            w = self.weight
+            if self.ops is not None and flat.shape[0] <= SMALL_BATCH:
+                y = self.ops.woq_linear(flat.contiguous(), w.codes, w.scale, w.zero, w.group, w.kind)
+            elif self.ops is not None:
+                y = F.linear(flat, self.ops.woq_dequantize(w.codes, w.scale, w.zero, w.cols, w.group, w.kind, x.dtype))
+            else:
+                y = F.linear(flat, w.dequantize().to(x.dtype))
+        y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _int8_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """W8A8: int8 x per row times int8 weights per channel (symmetric, one group)."""
+        values, scale = quantize_tokens(x, "int8")
+        w = self.weight
+        return (torch._int_mm(values, w.codes.view(torch.int8).T).float() * scale * w.scale.T).to(x.dtype)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The same product through the dequantized float32 weight, in x's dtype (activations
@@ -98,77 +148,7 @@ def quantize_tokens(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Ten
 
 
 def fake_quantize_tokens(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """x rounded through per-row int8 or float8 and back, in x's dtype."""
     flat = x.reshape(-1, x.shape[-1])
     values, scale = quantize_tokens(flat, kind)
     return (values.float() * scale).to(x.dtype).reshape(x.shape)
-
-
-def make_kernel(w: IntWeight | FloatWeight, scheme: WeightScheme, dtype: torch.dtype, device: torch.device
-                ) -> Kernel | None:
-    """The fastest kernel for this weight here, or None (run dequantized)."""
-    if device.type != "cpu":
-        return None
-    if isinstance(w, FloatWeight):
-        return _fp8_kernel(w, dtype) if scheme.activations == "fp8" else None
-    if scheme.activations == "int8":
-        return _w8a8_kernel(w)
-    if w.bits == 4:
-        return _int4_kernel(w, dtype)
-    return _int8_kernel(w, dtype)
-
-
-def _int4_kernel(w: IntWeight, dtype: torch.dtype) -> Kernel | None:
-    """tinygemm's CPU int4 layout: unsigned nibbles, dequantized as (u - 8) * scale + bias."""
-    if w.q.shape[1] % w.group or w.group not in (32, 64, 128, 256) or w.q.shape[0] % 16:
-        return None
-    packed = torch._convert_weight_to_int4pack_for_cpu((w.q.to(torch.int32) + 8), 1)
-    zero = torch.zeros_like(w.scale) if w.zero is None else w.zero.float()
-    scale_bias = torch.stack([w.scale, -zero * w.scale], -1).transpose(0, 1).contiguous().to(dtype)
-    group = w.group
-    return lambda x: torch._weight_int4pack_mm_for_cpu(x.contiguous(), packed, group, scale_bias)
-
-
-def _int8_kernel(w: IntWeight, dtype: torch.dtype) -> Kernel:
-    """Per group of columns: int8 rows times x, one scale per row; zero points subtract the
-    group's row sums of x times zero * scale."""
-    cols = w.q.shape[1]
-    bounds = [(lo, min(lo + w.group, cols)) for lo in range(0, cols, w.group)]
-    qs = [w.q[:, lo:hi].contiguous() for lo, hi in bounds]
-    scales = [w.scale[:, g].to(dtype).contiguous() for g in range(len(bounds))]
-    offsets = None if w.zero is None else (w.zero.float() * w.scale).T.to(dtype).contiguous()  # [groups, out]
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
-        if len(bounds) == 1:
-            y = torch._weight_int8pack_mm(x, qs[0], scales[0])
-        else:
-            y = sum(torch._weight_int8pack_mm(x[:, lo:hi].contiguous(), q, s)
-                    for (lo, hi), q, s in zip(bounds, qs, scales))
-        if offsets is not None:
-            sums = torch.stack([x[:, lo:hi].sum(-1) for lo, hi in bounds], -1)  # [M, groups]
-            y = y - sums @ offsets
-        return y
-
-    return run
-
-
-def _w8a8_kernel(w: IntWeight) -> Kernel:
-    q_t = w.q.T.contiguous()  # [in, out]
-    w_scale = w.scale.reshape(1, -1)
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        values, scale = quantize_tokens(x, "int8")
-        return (torch._int_mm(values, q_t).float() * scale * w_scale).to(x.dtype)
-
-    return run
-
-
-def _fp8_kernel(w: FloatWeight, dtype: torch.dtype) -> Kernel:
-    w_t = w.w.T  # column-major [in, out], as _scaled_mm wants its second operand
-    w_scale = w.scale.reshape(1, -1).contiguous()
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        values, scale = quantize_tokens(x, "fp8")
-        return torch._scaled_mm(values, w_t, scale_a=scale, scale_b=w_scale, out_dtype=x.dtype)
-
-    return run
