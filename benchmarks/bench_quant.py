@@ -1,0 +1,225 @@
+"""Quantized checkpoints of the evaluation target, made by llmcompressor, served by Arbor and
+by vLLM's CPU build: held-out perplexity, weight bytes, decode and prefill speed.
+
+The target (`make_eval_models.py`) is quantized once per scheme by `quantize.py` in the
+quantizer's own venv (`scripts/quantizer_venv.sh`; ARBOR_QUANTIZER_PYTHON names another) and
+cached beside it. For each of bf16, W8A16, W4A16-GPTQ, W8A8-SmoothQuant and FP8:
+- perplexity of the held-out windows (`eval_ppl.py`: 64 x 512 tokens, prompt logprobs);
+- the bytes of the linear layers' weights as loaded, and of the whole model;
+- greedy decode tok/s at batch 1 and 16 (128-token held-out prompts, 128 new tokens);
+- prefill tok/s (16 prompts of 512 tokens, one new token each);
+medians of `--repeats` runs. vLLM runs the same checkpoints in the same run, where it loads
+them; its perplexity comes from `prompt_logprobs`. bf16 where the CPU has fast bf16, else fp32.
+
+    python benchmarks/bench_quant.py            # table; JSON + PNG into docs/benchmarks/
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+QUANTIZER = Path(os.environ.get("ARBOR_QUANTIZER_PYTHON",
+                                Path.home() / ".cache" / "arbor-peers" / "llmcompressor" / "venv" / "bin" / "python"))
+SCHEMES = {"bf16": None, "W8A16": "w8a16", "W4A16-GPTQ": "w4a16-gptq", "W8A8-SQ": "w8a8-sq", "FP8": "fp8"}
+
+
+def quantized(target: Path, scheme: str | None) -> Path:
+    """The target quantized by `scheme` (made once with llmcompressor, then cached)."""
+    if scheme is None:
+        return target
+    out = target.with_name(f"{target.name}-{scheme}")
+    if not (out / "config.json").exists():
+        if not QUANTIZER.exists():
+            raise SystemExit(f"no quantizer at {QUANTIZER}: run scripts/quantizer_venv.sh")
+        staging = out.with_name(out.name + ".tmp")
+        subprocess.run([str(QUANTIZER), str(Path(__file__).with_name("quantize.py")), str(target), str(staging),
+                        "--scheme", scheme], check=True)
+        staging.rename(out)
+    return out
+
+
+def weight_bytes(path: Path, dtype: torch.dtype) -> dict[str, int]:
+    """Bytes of the linear layers (quantized or not) and of every weight, as Arbor loads them."""
+    from torch import nn
+
+    from arbor.runtime.model.loader import load_model
+    from arbor.runtime.model.quant.linear import QuantLinear
+
+    model, _ = load_model(path, dtype, torch.device("cpu"))
+    linear = 0
+    for name, m in model.named_modules():
+        if isinstance(m, QuantLinear):
+            linear += m.weight_bytes()
+        elif isinstance(m, nn.Linear) and name != "lm_head":
+            linear += m.weight.numel() * m.weight.element_size()
+    quant = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
+    dense = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"linear_bytes": linear, "model_bytes": dense + quant}
+
+
+def arbor_cells(path: Path, dtype: str, prompts: list[list[int]], long: list[list[int]], repeats: int
+                ) -> dict[str, float]:
+    from arbor import Engine
+
+    greedy = {"max_new_tokens": 128, "temperature": 0, "ignore_eos": True}
+    cells: dict[str, float] = {}
+    with Engine(str(path), dtype=dtype, max_running_requests=64) as engine:
+        engine.generate(input_ids=prompts[:2], sampling_params={"max_new_tokens": 8}, progress=False)
+        for b in (1, 16):
+            cells[f"decode_b{b}"] = b * 128 / _median(repeats, engine, lambda e, b=b: e.generate(
+                input_ids=prompts[:b], sampling_params=greedy, progress=False))
+        tokens = sum(len(p) for p in long)
+        cells["prefill"] = tokens / _median(repeats, engine, lambda e: e.generate(
+            input_ids=long, sampling_params={"max_new_tokens": 1}, progress=False))
+    return cells
+
+
+def _median(repeats: int, engine: Any, run: Any) -> float:
+    times = []
+    for _ in range(repeats):
+        engine.flush_cache()
+        t0 = time.perf_counter()
+        run(engine)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def vllm_cells(path: Path, dtype: str, name: str, prompts: list[list[int]], long: list[list[int]],
+               windows: list[list[int]], repeats: int) -> dict[str, Any]:
+    """The same measurements on vLLM's CPU build; {"error": ...} where it does not load the checkpoint."""
+    import peers
+
+    if not peers.VLLM_PY.exists():
+        return {"error": "no vLLM venv (../shared/tools/peers.sh vllm)"}
+    try:
+        with peers.vllm(dtype, model=path, name=f"vllm-{name}") as system:
+            asyncio.run(peers.run_all(system, peers.warmup()))
+            cells: dict[str, Any] = {}
+            for b in (1, 16):
+                wall = statistics.median(asyncio.run(peers.run_all(system, [(p, 128) for p in prompts[:b]]))
+                                         for _ in range(repeats))
+                cells[f"decode_b{b}"] = b * 128 / wall
+            wall = statistics.median(asyncio.run(peers.run_all(system, [(p, 1) for p in long])) for _ in range(repeats))
+            cells["prefill"] = sum(len(p) for p in long) / wall
+            cells["ppl"] = asyncio.run(_vllm_ppl(system, windows))
+            return cells
+    except Exception as exc:  # a scheme vLLM's CPU build refuses: report why
+        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-vllm-{name}.log"
+        tail = log.read_text().strip().splitlines()[-3:] if log.exists() else []
+        return {"error": f"{type(exc).__name__}: {exc}; " + " | ".join(tail)[-400:]}
+
+
+async def _vllm_ppl(system: Any, windows: list[list[int]]) -> float:
+    import peers
+
+    total, count = 0.0, 0
+    async with peers.client() as c:
+        for w in windows:
+            r = await c.post(f"http://127.0.0.1:{system.port}/v1/completions",
+                             json={"model": system.model, "prompt": w, "max_tokens": 1, "prompt_logprobs": 0})
+            r.raise_for_status()
+            entries = r.json()["choices"][0]["prompt_logprobs"][1:]
+            for tok, entry in zip(w[1:], entries):
+                total -= entry[str(tok)]["logprob"]
+                count += 1
+    return math.exp(total / count)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--schemes", nargs="*", default=list(SCHEMES), choices=list(SCHEMES))
+    ap.add_argument("--no-peer", action="store_true", help="skip vLLM")
+    args = ap.parse_args()
+    import eval_data
+    import eval_ppl
+    import make_eval_models
+    import peers
+
+    target = make_eval_models.ensure("target")
+    dtype = peers.dtype_name()
+    windows = eval_data.heldout_windows(target, eval_ppl.WINDOWS, eval_ppl.LENGTH)
+    prompts = [w[:128] for w in eval_data.heldout_windows(target, 16, 256)]
+    long = eval_data.heldout_windows(target, 16, 512)
+    result: dict[str, Any] = {"model": target.name, "dtype": dtype, "schemes": {}}
+    for name in args.schemes:
+        path = quantized(target, SCHEMES[name])
+        print(f"{name}: {path}", flush=True)
+        cell: dict[str, Any] = {"path": str(path), **weight_bytes(path, getattr(torch, dtype))}
+        cell["ppl"] = eval_ppl.arbor_ppl(path, windows, dtype=dtype)
+        cell.update(arbor_cells(path, dtype, prompts, long, args.repeats))
+        if not args.no_peer:
+            cell["vllm"] = vllm_cells(path, dtype, name, prompts, long, windows, args.repeats)
+        result["schemes"][name] = cell
+        print(f"  {_row(name, cell, result['schemes'].get('bf16'))}", flush=True)
+    report(result)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "bench_quant.json").write_text(json.dumps(result, indent=2))
+    chart(result)
+
+
+def _row(name: str, c: dict[str, Any], base: dict[str, Any] | None) -> str:
+    base = base or c
+    rel = lambda k: c[k] / base[k]  # noqa: E731
+    return (f"{name:11} ppl {c['ppl']:7.3f} ({100 * (c['ppl'] / base['ppl'] - 1):+5.2f}%)  linear "
+            f"{c['linear_bytes'] / 2**20:6.1f} MiB  model {c['model_bytes'] / 2**20:6.1f} MiB  decode b1 "
+            f"{c['decode_b1']:6.1f} ({rel('decode_b1'):.2f}x)  b16 {c['decode_b16']:7.1f} ({rel('decode_b16'):.2f}x)  "
+            f"prefill {c['prefill']:7.1f} ({rel('prefill'):.2f}x)")
+
+
+def report(r: dict[str, Any]) -> None:
+    print(f"\nbench_quant: {r['model']}, activations {r['dtype']}; Arbor (ratios against Arbor bf16)")
+    base = r["schemes"].get("bf16")
+    for name, cell in r["schemes"].items():
+        print("  " + _row(name, cell, base))
+    print("vLLM CPU on the same checkpoints (ratios against vLLM bf16):")
+    vbase = (base or {}).get("vllm", {})
+    for name, cell in r["schemes"].items():
+        v = cell.get("vllm")
+        if v is None:
+            continue
+        if "error" in v:
+            print(f"  {name:11} not run: {v['error'][:300]}")
+        else:
+            with_bytes = {**v, "linear_bytes": cell["linear_bytes"], "model_bytes": cell["model_bytes"]}
+            print("  " + _row(name, with_bytes, {**vbase, "linear_bytes": 1, "model_bytes": 1} if "ppl" in vbase
+                              else with_bytes))
+
+
+def chart(r: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(r["schemes"])
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8))
+    for ax, key, title in zip(axes, ("ppl", "decode_b1", "decode_b16", "prefill"),
+                              ("held-out perplexity", "decode tok/s, batch 1", "decode tok/s, batch 16", "prefill tok/s")):
+        arbor = [r["schemes"][n][key] for n in names]
+        vllm = [r["schemes"][n].get("vllm", {}).get(key, 0) for n in names]
+        xs = range(len(names))
+        ax.bar([x - 0.2 for x in xs], arbor, 0.4, label="Arbor")
+        ax.bar([x + 0.2 for x in xs], vllm, 0.4, label="vLLM CPU")
+        ax.set_xticks(list(xs), names, rotation=30, fontsize=8)
+        ax.set_title(title)
+    axes[0].legend()
+    fig.suptitle(f"quantized eval target, activations {r['dtype']}")
+    fig.tight_layout()
+    fig.savefig(OUT / "bench_quant.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
