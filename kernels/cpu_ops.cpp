@@ -57,6 +57,20 @@ inline float widen(c10::BFloat16 x) {  // a shift the compiler vectorises
   return f;
 }
 
+// float8 e4m3 (a float8 KV cache): a 256-entry table, filled once by c10's own conversion.
+struct E4m3Table {
+  float value[256];
+  E4m3Table() {
+    for (int i = 0; i < 256; ++i) value[i] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(i), c10::Float8_e4m3fn::from_bits()));
+  }
+};
+
+template <>
+inline float widen(c10::Float8_e4m3fn x) {
+  static const E4m3Table table;
+  return table.value[x.x];
+}
+
 // exp(x) for x <= 0 to about 1 ulp (range reduction by ln 2, degree-6 polynomial), written so
 // that loops over it vectorise; inputs below -87 give about 1e-38 instead of 0.
 inline float exp_nonpositive(float x) {
@@ -88,8 +102,9 @@ inline void prefetch_row(const T* row, int64_t dim) {
 // slots table[row, kv_start .. pos] of the pool (pos = the token's own position, so causal).
 // Each task is one (token, KV head): every query head of the group reads each key row once.
 // With a prior (the output and log-sum-exp of attention over other keys, e.g. a shared
-// prefix), the softmax starts from that state, so the result covers both key sets.
-template <typename T, int64_t kDim>
+// prefix), the softmax starts from that state, so the result covers both key sets. The pool
+// holds T (q's dtype) or float8 e4m3 (KV), widened to float as rows are read.
+template <typename T, typename KV, int64_t kDim>
 void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool,
                           const at::Tensor& table, const at::Tensor& rows, const at::Tensor& kv_start,
                           const at::Tensor& seq_lens, const at::Tensor& qo_indptr, const float* prior_out,
@@ -99,8 +114,8 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const a
   const int64_t group = hq / hkv, width = table.size(1), batch = rows.size(0);
   const int64_t q_tok = q.stride(0), q_head = q.stride(1);
   const T* qd = q.data_ptr<T>();
-  const T* kd = k_pool.data_ptr<T>();
-  const T* vd = v_pool.data_ptr<T>();
+  const KV* kd = k_pool.data_ptr<KV>();
+  const KV* vd = v_pool.data_ptr<KV>();
   const int32_t* td = table.data_ptr<int32_t>();
   const int64_t* rd = rows.data_ptr<int64_t>();
   const int64_t* sd = kv_start.data_ptr<int64_t>();
@@ -137,7 +152,7 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const a
           // cache miss unless fetched ahead: K rows kPrefetch keys ahead, V rows for the V pass.
           if (j0 + j + kPrefetch <= pos) prefetch_row(kd + (static_cast<int64_t>(slots[j0 + j + kPrefetch]) * hkv + h) * dim, dim);
           prefetch_row(vd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim, dim);
-          const T* kr = kd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim;
+          const KV* kr = kd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim;
 #pragma omp simd
           for (int64_t d = 0; d < dim; ++d) row[d] = widen(kr[d]);
           for (int64_t g = 0; g < group; ++g) {
@@ -166,7 +181,7 @@ void paged_attention_impl(const at::Tensor& q, const at::Tensor& k_pool, const a
           sum[g] = sum[g] * fix + total;
         }
         for (int64_t j = 0; j < n; ++j) {
-          const T* vr = vd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim;
+          const KV* vr = vd + (static_cast<int64_t>(slots[j0 + j]) * hkv + h) * dim;
 #pragma omp simd
           for (int64_t d = 0; d < dim; ++d) row[d] = widen(vr[d]);
           for (int64_t g = 0; g < group; ++g) {
@@ -196,7 +211,9 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
                                                    const std::optional<at::Tensor>& prior_lse) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [T, Hq, D] with unit last stride");
   TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "the KV pools must be contiguous");
-  TORCH_CHECK(q.scalar_type() == k_pool.scalar_type(), "q and the KV pool must share a dtype");
+  const bool fp8_pool = k_pool.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK(k_pool.scalar_type() == v_pool.scalar_type() && (fp8_pool || q.scalar_type() == k_pool.scalar_type()),
+              "the KV pool must hold q's dtype or float8_e4m3fn");
   TORCH_CHECK(table.scalar_type() == at::kInt && table.is_contiguous(), "table must be contiguous int32");
   for (const auto* idx : {&rows, &kv_start, &seq_lens, &qo_indptr})
     TORCH_CHECK(idx->scalar_type() == at::kLong && idx->is_contiguous(), "index tensors must be contiguous int64");
@@ -215,8 +232,13 @@ std::tuple<at::Tensor, at::Tensor> paged_attention(const at::Tensor& q, const at
   auto lse = at::empty({q.size(0), q.size(1)}, q.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
     const auto run = [&](auto dim) {
-      paged_attention_impl<scalar_t, decltype(dim)::value>(q, k_pool, v_pool, table, rows, kv_start, seq_lens,
-                                                           qo_indptr, po, pl, out, lse, scale);
+      if (fp8_pool) {
+        paged_attention_impl<scalar_t, c10::Float8_e4m3fn, decltype(dim)::value>(
+            q, k_pool, v_pool, table, rows, kv_start, seq_lens, qo_indptr, po, pl, out, lse, scale);
+      } else {
+        paged_attention_impl<scalar_t, scalar_t, decltype(dim)::value>(q, k_pool, v_pool, table, rows, kv_start,
+                                                                       seq_lens, qo_indptr, po, pl, out, lse, scale);
+      }
     };
     if (q.size(2) == 64) {
       run(std::integral_constant<int64_t, 64>{});

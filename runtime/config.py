@@ -35,6 +35,11 @@ class ServerArgs:
         "KV-cache capacity in tokens; empty = min(max_running_requests * context_length, "
         "what kv_cache_memory_fraction of free memory holds).",
     )
+    kv_cache_dtype: str = _opt(
+        "auto", "KV-cache storage. auto = the model's dtype; fp8_e4m3 (or fp8) = float8 e4m3, half the bytes of "
+        "bf16 (twice the tokens in the same memory), values saturating at +-448 (scale 1, as vLLM without "
+        "calibrated scales), widened back in attention.", ("auto", "fp8_e4m3", "fp8"),
+    )
     kv_cache_memory_fraction: float = _opt(
         0.25, "Fraction of free memory (after weights) the KV cache may take when sized automatically."
     )

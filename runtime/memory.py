@@ -23,12 +23,33 @@ class KVPool:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k[0].dtype
+
     def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new tokens' k/v [T, Hkv, D] into `slots` [T] of `layer`."""
-        store_kv_ref(self.k[layer], self.v[layer], slots, k, v)
+        store_kv_ref(self.k[layer], self.v[layer], slots, to_kv_dtype(k, self.dtype), to_kv_dtype(v, self.dtype))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+def as_stored(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """New tokens' k/v as attention sees them: rounded through a float8 pool's dtype (so every
+    path, the pool's reads and the new tokens' own, attends to the same values)."""
+    if dtype != torch.float8_e4m3fn:
+        return k, v
+    return to_kv_dtype(k, dtype).to(k.dtype), to_kv_dtype(v, dtype).to(v.dtype)
+
+
+def to_kv_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in the pool's dtype; float8 saturates at its largest finite value (a plain cast
+    would give NaN beyond it)."""
+    if dtype == torch.float8_e4m3fn and x.dtype != dtype:
+        limit = torch.finfo(dtype).max
+        return x.clamp(-limit, limit).to(dtype)
+    return x
 
 
 class PageAllocator:

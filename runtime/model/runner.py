@@ -67,8 +67,9 @@ class ModelRunner:
         self.context_len = min(args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
         ps = args.page_size
         table_width = -(-self.context_len // ps) * ps
+        self.kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype in ("fp8", "fp8_e4m3") else self.dtype
         num_slots = self._kv_slots(args)
-        self.kv_pool = KVPool(num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+        self.kv_pool = KVPool(num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype, self.device)
         self.allocator = PageAllocator(num_slots, ps)
         self.req_to_token = ReqToTokenPool(args.max_running_requests, table_width, self.device, ps)
         self.attn_backend = create_backend(
@@ -81,9 +82,10 @@ class ModelRunner:
         if can_pack(self.dtype, self.device):
             pack_linears(self.model)
         logger.info(
-            "loaded %s (%s, %s) on %s: KV cache %d tokens (%.1f MiB), context %d",
+            "loaded %s (%s, %s) on %s: KV cache %d tokens (%s, %.1f MiB), context %d",
             model_path, cfg.architecture, str(self.dtype).removeprefix("torch."), self.device,
-            self.allocator.total_slots, self.kv_pool.nbytes() / 2**20, self.context_len,
+            self.allocator.total_slots, str(self.kv_dtype).removeprefix("torch."), self.kv_pool.nbytes() / 2**20,
+            self.context_len,
         )
 
     def _kv_slots(self, args: ServerArgs) -> int:
@@ -92,7 +94,7 @@ class ModelRunner:
         if args.max_total_tokens is not None:
             tokens = args.max_total_tokens
         else:
-            per_token = self.config.kv_bytes_per_token(torch.finfo(self.dtype).bits // 8)
+            per_token = self.config.kv_bytes_per_token(torch.finfo(self.kv_dtype).bits // 8)
             budget = int(_free_memory_bytes(self.device) * args.kv_cache_memory_fraction)
             tokens = min(args.max_running_requests * self.context_len, budget // per_token)
         return (-(-tokens // ps) + 1) * ps

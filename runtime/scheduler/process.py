@@ -45,6 +45,7 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
     runner = sched.runner
     out.send(Ready(process="scheduler", info={
         "max_total_tokens": runner.allocator.total_slots, "context_length": runner.context_len,
+        "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
         "vocab_size": runner.config.vocab_size, "max_running_requests": args.max_running_requests,
     }))
     try:

@@ -113,6 +113,7 @@ class ServerState:
                 "served_model_name": self.model_name, "is_generation": True, "tp_size": 1, "dp_size": 1,
                 "disaggregation_mode": "null", "max_running_requests": self.args.max_running_requests,
                 "max_total_num_tokens": info["max_total_tokens"], "context_length": info["context_length"],
+                "kv_cache_dtype": info["kv_cache_dtype"],
                 "version": version("arbor")}
 
     async def prepare(self, inputs: list[GenerateInput]) -> list[Prepared]:

@@ -23,11 +23,14 @@ def _step(runner: ModelRunner, mode: ForwardMode, new: list[list[int]], starts: 
     return runner.forward(batch).next_token_logits
 
 
-@pytest.mark.parametrize(("name", "page_size"), [("llama", 1), ("llama-tied-gqa4", 16)])
-def test_triton_backend_equals_torch_backend(tiny_model, name, page_size) -> None:
+@pytest.mark.parametrize(("name", "page_size", "kv"), [("llama", 1, "auto"), ("llama-tied-gqa4", 16, "auto"),
+                                                      ("llama-tied-gqa4", 16, "fp8_e4m3")])
+def test_triton_backend_equals_torch_backend(tiny_model, name, page_size, kv) -> None:
+    """fp8_e4m3: both backends attend to the float8 pool's values (read in the Triton kernels
+    as float8 and widened there)."""
     path = str(tiny_model(name))
     runners = [ModelRunner(ServerArgs(dtype="float32", max_total_tokens=1024, page_size=page_size,
-                                      attention_backend=b), path) for b in ("torch", "triton")]
+                                      attention_backend=b, kv_cache_dtype=kv), path) for b in ("torch", "triton")]
     assert runners[1].model.norm.kernel is rmsnorm_triton  # the fused ops are in use
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 50000, (n,), generator=gen).tolist() for n in (5, 21, 2)]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from arbor.kernels import cpu_ops
-from arbor.runtime.memory import KVPool, ReqToTokenPool
+from arbor.runtime.memory import KVPool, ReqToTokenPool, as_stored
 from arbor.runtime.model.attention.base import AttentionBackend
 from arbor.runtime.model.attention.cascade import (
     SharedPrefix,
@@ -154,6 +154,7 @@ class TorchAttnBackend(AttentionBackend):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
     ) -> torch.Tensor:
+        k, v = as_stored(k, v, self.kv_pool.dtype)
         self.kv_pool.store(layer, batch.out_cache_loc, k, v)
         num_tokens, hq, dim = q.shape
         k_pages = self.kv_pool.k[layer].unflatten(0, (-1, self.page_size))  # [pages, ps, Hkv, D]
@@ -172,9 +173,9 @@ class TorchAttnBackend(AttentionBackend):
             q_pad = self._pad(q, g)
             if g.fresh:
                 k_own, v_own = self._pad(k, g), self._pad(v, g)
-            else:
-                k_own = k_pages[g.pages].flatten(1, 2)  # [b, L, Hkv, D]
-                v_own = v_pages[g.pages].flatten(1, 2)
+            else:  # [b, L, Hkv, D], widened from a float8 pool
+                k_own = k_pages[g.pages].flatten(1, 2).to(q.dtype)
+                v_own = v_pages[g.pages].flatten(1, 2).to(q.dtype)
             if g.use_sdpa:  # no shared prefix to merge with, so no lse needed
                 # Fresh prompts are right-padded, so plain causal masking is exact for real rows.
                 mask = None if g.fresh else g.bias.squeeze(2)[:, None].to(q.dtype)
@@ -210,22 +211,21 @@ class TorchAttnBackend(AttentionBackend):
         """Each token's attention to its group's shared prefix, all the group's new tokens at
         once: output [T, Hq, D] and lse [T, Hq] (-inf for tokens in no group), float32."""
         if len(self.shared) == 1 and self.shared[0].tokens.numel() == q.shape[0]:  # every token, in order
-            return attend_prefix(q, *self._prefix_kv(self.shared[0], k_pages, v_pages), self.scale)
+            return attend_prefix(q, *self._prefix_kv(self.shared[0], k_pages, v_pages, q.dtype), self.scale)
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
         for sp in self.shared:
-            out[sp.tokens], lse[sp.tokens] = attend_prefix(q[sp.tokens], *self._prefix_kv(sp, k_pages, v_pages),
+            out[sp.tokens], lse[sp.tokens] = attend_prefix(q[sp.tokens], *self._prefix_kv(sp, k_pages, v_pages, q.dtype),
                                                            self.scale)
         return out, lse
 
     @staticmethod
-    def _prefix_kv(sp: SharedPrefix, k_pages: torch.Tensor, v_pages: torch.Tensor
+    def _prefix_kv(sp: SharedPrefix, k_pages: torch.Tensor, v_pages: torch.Tensor, dtype: torch.dtype
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prefix's K and V [P, Hkv, D]: a view when its pages are consecutive, else gathered."""
-        if sp.first_page >= 0:
-            pages = slice(sp.first_page, sp.first_page + sp.pages.numel())
-            return k_pages[pages].flatten(0, 1), v_pages[pages].flatten(0, 1)
-        return k_pages[sp.pages].flatten(0, 1), v_pages[sp.pages].flatten(0, 1)
+        """The prefix's K and V [P, Hkv, D] in `dtype`: a view when its pages are consecutive
+        (and the pool holds `dtype`), else gathered."""
+        pages = slice(sp.first_page, sp.first_page + sp.pages.numel()) if sp.first_page >= 0 else sp.pages
+        return k_pages[pages].flatten(0, 1).to(dtype), v_pages[pages].flatten(0, 1).to(dtype)
 
     @staticmethod
     def _pad(x: torch.Tensor, g: _Group) -> torch.Tensor:

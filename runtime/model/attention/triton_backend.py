@@ -14,7 +14,7 @@ import torch
 from arbor.kernels.decode_attention import choose_splits, decode_attention_triton
 from arbor.kernels.extend_attention import extend_attention_triton
 from arbor.kernels.kv_store import store_kv_triton
-from arbor.runtime.memory import KVPool, ReqToTokenPool
+from arbor.runtime.memory import KVPool, ReqToTokenPool, as_stored, to_kv_dtype
 from arbor.runtime.model.attention.base import AttentionBackend
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 
@@ -56,7 +56,8 @@ class TritonAttnBackend(AttentionBackend):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
     ) -> torch.Tensor:
         pool_k, pool_v = self.kv_pool.k[layer], self.kv_pool.v[layer]
-        store_kv_triton(pool_k, pool_v, batch.out_cache_loc, k, v)
+        k, v = as_stored(k, v, pool_k.dtype)  # rounded in torch, so both backends store the same bits
+        store_kv_triton(pool_k, pool_v, batch.out_cache_loc, to_kv_dtype(k, pool_k.dtype), to_kv_dtype(v, pool_v.dtype))
         m = self.meta
         if m.decode:
             out = decode_attention_triton(q, pool_k, pool_v, m.kv_indptr, m.kv_indices, self.scale, m.splits)
