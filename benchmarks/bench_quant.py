@@ -8,6 +8,7 @@ cached beside it. For each of bf16, W8A16, W4A16-GPTQ, W8A8-SmoothQuant and FP8:
 - the bytes of the linear layers' weights as loaded, and of the whole model;
 - greedy decode tok/s at batch 1 and 16 (128-token held-out prompts, 128 new tokens);
 - prefill tok/s (16 prompts of 512 tokens, one new token each);
+- the KV cache's tokens in 1 GiB (the `bf16, fp8 KV` row stores K and V in float8);
 medians of `--repeats` runs. vLLM runs the same checkpoints in the same run, where it loads
 them; its perplexity comes from `prompt_logprobs`. bf16 where the CPU has fast bf16, else fp32.
 
@@ -32,7 +33,10 @@ import torch
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 QUANTIZER = Path(os.environ.get("ARBOR_QUANTIZER_PYTHON",
                                 Path.home() / ".cache" / "arbor-peers" / "llmcompressor" / "venv" / "bin" / "python"))
-SCHEMES = {"bf16": None, "W8A16": "w8a16", "W4A16-GPTQ": "w4a16-gptq", "W8A8-SQ": "w8a8-sq", "FP8": "fp8"}
+# name -> (llmcompressor scheme of the checkpoint, KV-cache dtype)
+SCHEMES = {"bf16": (None, "auto"), "W8A16": ("w8a16", "auto"), "W4A16-GPTQ": ("w4a16-gptq", "auto"),
+           "W8A8-SQ": ("w8a8-sq", "auto"), "FP8": ("fp8", "auto"), "bf16, fp8 KV": (None, "fp8_e4m3")}
+VLLM_KV = {"auto": "auto", "fp8_e4m3": "fp8"}
 
 
 def quantized(target: Path, scheme: str | None) -> Path:
@@ -69,13 +73,21 @@ def weight_bytes(path: Path, dtype: torch.dtype) -> dict[str, int]:
     return {"linear_bytes": linear, "model_bytes": dense + quant}
 
 
-def arbor_cells(path: Path, dtype: str, prompts: list[list[int]], long: list[list[int]], repeats: int
+def kv_tokens_per_gib(path: Path, dtype: str, kv: str) -> int:
+    """KV-cache tokens that 1 GiB holds for this model and cache dtype."""
+    from arbor.runtime.model.model_config import ModelConfig
+
+    bits = 8 if kv != "auto" else torch.finfo(getattr(torch, dtype)).bits
+    return 2**30 // ModelConfig.from_dir(path).kv_bytes_per_token(bits // 8)
+
+
+def arbor_cells(path: Path, dtype: str, kv: str, prompts: list[list[int]], long: list[list[int]], repeats: int
                 ) -> dict[str, float]:
     from arbor import Engine
 
     greedy = {"max_new_tokens": 128, "temperature": 0, "ignore_eos": True}
     cells: dict[str, float] = {}
-    with Engine(str(path), dtype=dtype, max_running_requests=64) as engine:
+    with Engine(str(path), dtype=dtype, kv_cache_dtype=kv, max_running_requests=64) as engine:
         engine.generate(input_ids=prompts[:2], sampling_params={"max_new_tokens": 8}, progress=False)
         for b in (1, 16):
             cells[f"decode_b{b}"] = b * 128 / _median(repeats, engine, lambda e, b=b: e.generate(
@@ -96,7 +108,7 @@ def _median(repeats: int, engine: Any, run: Any) -> float:
     return statistics.median(times)
 
 
-def vllm_cells(path: Path, dtype: str, name: str, prompts: list[list[int]], long: list[list[int]],
+def vllm_cells(path: Path, dtype: str, kv: str, name: str, prompts: list[list[int]], long: list[list[int]],
                windows: list[list[int]], repeats: int) -> dict[str, Any]:
     """The same measurements on vLLM's CPU build; {"error": ...} where it does not load the checkpoint."""
     import peers
@@ -104,7 +116,8 @@ def vllm_cells(path: Path, dtype: str, name: str, prompts: list[list[int]], long
     if not peers.VLLM_PY.exists():
         return {"error": "no vLLM venv (../shared/tools/peers.sh vllm)"}
     try:
-        with peers.vllm(dtype, model=path, name=f"vllm-{name}") as system:
+        with peers.vllm(dtype, model=path, name=f"vllm-{name.replace(' ', '').replace(',', '-')}",
+                        extra=["--kv-cache-dtype", VLLM_KV[kv]]) as system:
             asyncio.run(peers.run_all(system, peers.warmup()))
             cells: dict[str, Any] = {}
             for b in (1, 16):
@@ -116,7 +129,7 @@ def vllm_cells(path: Path, dtype: str, name: str, prompts: list[list[int]], long
             cells["ppl"] = asyncio.run(_vllm_ppl(system, windows))
             return cells
     except Exception as exc:  # a scheme vLLM's CPU build refuses: report why
-        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-vllm-{name}.log"
+        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-vllm-{name.replace(' ', '').replace(',', '-')}.log"
         tail = log.read_text().strip().splitlines()[-3:] if log.exists() else []
         return {"error": f"{type(exc).__name__}: {exc}; " + " | ".join(tail)[-400:]}
 
@@ -155,13 +168,15 @@ def main() -> None:
     long = eval_data.heldout_windows(target, 16, 512)
     result: dict[str, Any] = {"model": target.name, "dtype": dtype, "schemes": {}}
     for name in args.schemes:
-        path = quantized(target, SCHEMES[name])
+        scheme, kv = SCHEMES[name]
+        path = quantized(target, scheme)
         print(f"{name}: {path}", flush=True)
-        cell: dict[str, Any] = {"path": str(path), **weight_bytes(path, getattr(torch, dtype))}
-        cell["ppl"] = eval_ppl.arbor_ppl(path, windows, dtype=dtype)
-        cell.update(arbor_cells(path, dtype, prompts, long, args.repeats))
+        cell: dict[str, Any] = {"path": str(path), "kv_cache_dtype": kv, **weight_bytes(path, getattr(torch, dtype)),
+                                "kv_tokens_per_gib": kv_tokens_per_gib(path, dtype, kv)}
+        cell["ppl"] = eval_ppl.arbor_ppl(path, windows, dtype=dtype, kv_cache_dtype=kv)
+        cell.update(arbor_cells(path, dtype, kv, prompts, long, args.repeats))
         if not args.no_peer:
-            cell["vllm"] = vllm_cells(path, dtype, name, prompts, long, windows, args.repeats)
+            cell["vllm"] = vllm_cells(path, dtype, kv, name, prompts, long, windows, args.repeats)
         result["schemes"][name] = cell
         print(f"  {_row(name, cell, result['schemes'].get('bf16'))}", flush=True)
     report(result)
@@ -173,7 +188,8 @@ def main() -> None:
 def _row(name: str, c: dict[str, Any], base: dict[str, Any] | None) -> str:
     base = base or c
     rel = lambda k: c[k] / base[k]  # noqa: E731
-    return (f"{name:11} ppl {c['ppl']:7.3f} ({100 * (c['ppl'] / base['ppl'] - 1):+5.2f}%)  linear "
+    return (f"{name:12} ppl {c['ppl']:7.3f} ({100 * (c['ppl'] / base['ppl'] - 1):+5.2f}%)  KV/GiB "
+            f"{c['kv_tokens_per_gib']:7d}  linear "
             f"{c['linear_bytes'] / 2**20:6.1f} MiB  model {c['model_bytes'] / 2**20:6.1f} MiB  decode b1 "
             f"{c['decode_b1']:6.1f} ({rel('decode_b1'):.2f}x)  b16 {c['decode_b16']:7.1f} ({rel('decode_b16'):.2f}x)  "
             f"prefill {c['prefill']:7.1f} ({rel('prefill'):.2f}x)")
@@ -191,9 +207,9 @@ def report(r: dict[str, Any]) -> None:
         if v is None:
             continue
         if "error" in v:
-            print(f"  {name:11} not run: {v['error'][:300]}")
+            print(f"  {name:12} not run: {v['error'][:300]}")
         else:
-            with_bytes = {**v, "linear_bytes": cell["linear_bytes"], "model_bytes": cell["model_bytes"]}
+            with_bytes = {**v, **{k: cell[k] for k in ("linear_bytes", "model_bytes", "kv_tokens_per_gib")}}
             print("  " + _row(name, with_bytes, {**vbase, "linear_bytes": 1, "model_bytes": 1} if "ppl" in vbase
                               else with_bytes))
 
