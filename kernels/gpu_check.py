@@ -34,6 +34,7 @@ from arbor.kernels.reference import (
     store_kv_ref,
 )
 from arbor.kernels.rotary import rotary_triton
+from arbor.kernels.woq_matmul import woq_matmul_triton
 
 DT = torch.bfloat16
 HQ, HKV, D = 32, 8, 128
@@ -125,7 +126,28 @@ def checks() -> list[dict[str, object]]:
     same = torch.equal(pools[0], pools[2]) and torch.equal(pools[1], pools[3])
     add("kv_store", f"T={t} {HKV}x{D}", 0.0 if same else 1.0, 0.0,
         _ms(lambda: store_kv_triton(pools[2], pools[3], idx, k, v)), 4 * t * HKV * D * 2, "GB/s")
+    for kind, name in ((0, "int8"), (1, "int4"), (2, "fp8")):
+        _woq_rows(add, kind, name, 2 * inter, h)
     return rows
+
+
+def _woq_rows(add: Callable[..., None], kind: int, name: str, n_out: int, k_in: int, group: int = 128) -> None:
+    """Weight-only quantized GEMM (an 8B model's gate/up projection), next to bf16 F.linear."""
+    from arbor.runtime.model.quant.linear import QuantWeight
+
+    codes = torch.randint(0, 256, (n_out, k_in // 2 if kind == 1 else k_in), dtype=torch.uint8, device="cuda")
+    if kind == 2:
+        codes = torch.randn(n_out, k_in, device="cuda").to(torch.float8_e4m3fn).view(torch.uint8)
+    scale = torch.rand(n_out, k_in // group, device="cuda") * 0.01
+    zero = torch.full_like(scale, 8.0 if kind == 1 else 0.0)
+    dense = QuantWeight(codes, scale, zero, k_in, group, kind).dequantize().to(DT)
+    for m in (1, 16, 512):
+        x = torch.randn(m, k_in, dtype=DT, device="cuda")
+        err = _err(woq_matmul_triton(x, codes, scale, zero, group, kind), x @ dense.T)
+        ms = _ms(lambda x=x: woq_matmul_triton(x, codes, scale, zero, group, kind))
+        bf16_ms = _ms(lambda x=x: x @ dense.T)
+        add(f"woq_matmul {name}", f"M={m} N={n_out} K={k_in} (bf16 {bf16_ms:.3f} ms)", err, 2e-2, ms,
+            codes.numel() + m * (k_in + n_out) * 2, "GB/s")
 
 
 def main() -> None:

@@ -11,7 +11,8 @@ scale and zero point per row and group of columns, w = (code - zero) * scale
 - W8A8 (int8 activations per token): x is quantized per row and multiplied by `torch._int_mm`,
   the int32 sums scaled back by both scales;
 - FP8 with dynamic float8 activations: x is rounded to float8 per row, then as weight-only.
-Without Arbor's CPU kernels, or on other devices, the dense path serves every batch.
+Without Arbor's CPU kernels the dense path serves every batch. On CUDA every scheme runs the
+Triton GEMM `kernels/woq_matmul.py` (W8A8 on x rounded to int8 per row).
 """
 
 from __future__ import annotations
@@ -106,20 +107,27 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         act = self.scheme.activations
-        if act == "int8":
+        if act == "int8" and flat.device.type == "cpu":
             y = self._int8_activations(flat)
         else:
-            if act == "fp8":
-                flat = fake_quantize_tokens(flat, "fp8")
-            w = self.weight
-            if self.ops is not None and flat.shape[0] <= SMALL_BATCH:
-                y = self.ops.woq_linear(flat.contiguous(), w.codes, w.scale, w.zero, w.group, w.kind)
-            elif self.ops is not None:
-                y = F.linear(flat, self.ops.woq_dequantize(w.codes, w.scale, w.zero, w.cols, w.group, w.kind, x.dtype))
-            else:
-                y = F.linear(flat, w.dequantize().to(x.dtype))
+            if act is not None:  # elsewhere: x rounded per token, then the weight-only GEMM
+                flat = fake_quantize_tokens(flat, act)
+            y = self._weight_only(flat.contiguous())
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if x.device.type == "cuda":
+            # Triton loads on the GPU path only
+            from arbor.kernels.woq_matmul import woq_matmul_triton
+
+            return woq_matmul_triton(x, w.codes, w.scale, w.zero, w.group, w.kind)
+        if self.ops is not None and x.shape[0] <= SMALL_BATCH:
+            return self.ops.woq_linear(x, w.codes, w.scale, w.zero, w.group, w.kind)
+        if self.ops is not None:
+            return F.linear(x, self.ops.woq_dequantize(w.codes, w.scale, w.zero, w.cols, w.group, w.kind, x.dtype))
+        return F.linear(x, w.dequantize().to(x.dtype))
 
     def _int8_activations(self, x: torch.Tensor) -> torch.Tensor:
         """W8A8: int8 x per row times int8 weights per channel (symmetric, one group)."""
