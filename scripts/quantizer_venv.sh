@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# A venv with llmcompressor, the quantizer whose checkpoints Arbor loads (benchmarks/quantize.py).
-# It pins transformers <= 5.17, so it stays outside Arbor's own environment. About 2 minutes.
-#   scripts/quantizer_venv.sh [DIR]     # default ~/.cache/arbor-peers/llmcompressor
+# Venvs for the quantizers whose checkpoints Arbor loads; each pins an older transformers, so
+# they stay outside Arbor's own environment. About 2 minutes each.
+#   scripts/quantizer_venv.sh [DIR]            # llmcompressor (benchmarks/quantize.py); DIR default
+#                                              # ~/.cache/arbor-peers/llmcompressor
+#   scripts/quantizer_venv.sh --autoawq [DIR]  # AutoAWQ 0.2.9 (benchmarks/quantize_awq.py);
+#                                              # DIR default ~/.cache/arbor-peers/autoawq
 set -euo pipefail
-dir=${1:-$HOME/.cache/arbor-peers/llmcompressor}
+tool=llmcompressor
+if [ "${1:-}" = "--autoawq" ]; then tool=autoawq; shift; fi
+dir=${1:-$HOME/.cache/arbor-peers/$tool}
 mkdir -p "$dir"
 [ -x "$dir/venv/bin/python" ] || python3 -m venv "$dir/venv"
-"$dir/venv/bin/pip" install -q torch==2.13.0 "llmcompressor==0.14.0.1"
+if [ "$tool" = llmcompressor ]; then
+    "$dir/venv/bin/pip" install -q torch==2.13.0 "llmcompressor==0.14.0.1"
+else
+    # AutoAWQ's own pins reach for CUDA wheels; its CPU path needs only these.
+    "$dir/venv/bin/pip" install -q torch==2.13.0 "transformers==4.51.3" accelerate datasets safetensors zstandard
+    "$dir/venv/bin/pip" install -q --no-deps autoawq==0.2.9
+fi
 echo "$dir/venv/bin/python"

@@ -15,7 +15,7 @@ from arbor.runtime.model.quant.linear import QuantLinear
 DATA = Path(__file__).resolve().parents[1] / "data" / "quant"
 
 
-@pytest.mark.parametrize("name", ["w8a16", "w4a16", "w4a16-asym", "fp8"])
+@pytest.mark.parametrize("name", ["w8a16", "w4a16", "w4a16-asym", "fp8", "awq"])
 def test_woq_matmul_matches_the_dequantized_weight(name: str) -> None:
     model, _ = load_model(DATA / name, torch.float32, torch.device("cpu"))
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)][:3]  # qkv, o, gate_up of layer 0

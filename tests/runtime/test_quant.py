@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, CompressedTensorsConfig
 
 from arbor import Engine
 from arbor.runtime.config import ServerArgs
@@ -23,14 +24,26 @@ from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.tiny_model import write_gpt2_tokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quant"
-WEIGHT_ONLY = ["w8a16", "w4a16", "w4a16-asym"]
+WEIGHT_ONLY = ["w8a16", "w4a16", "w4a16-asym", "awq"]  # awq: AutoAWQ's GEMM layout
 WITH_ACTIVATIONS = ["w8a8", "fp8"]  # activations quantized per token: a looser match to the float model
+AWQ_KEYS = (".qweight", ".qzeros", ".scales")
 PROMPTS = [[5, 17, 99, 3, 250, 8, 8, 41], [7] * 3, list(range(30, 90))]
 
 
 def _hf(path: Path):
-    return AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
+    """transformers' model with the dequantized weights: compressed-tensors decompresses its own;
+    for AutoAWQ's layout, the weights AutoAWQ's own `dequantize_gemm` wrote beside it."""
+    if path.name != "awq":
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
+    config = AutoConfig.from_pretrained(path)
+    del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    state = {k: v.float() for k, v in load_file(path / "model.safetensors").items() if not k.endswith(AWQ_KEYS)}
+    state |= load_file(path / "dequantized_by_autoawq.safetensors")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("lm_head" in k for k in missing)  # tied: lm_head is the embedding
+    return model
 
 
 def _logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -117,6 +130,30 @@ def test_unpack_reads_what_compressed_tensors_packs(bits: int) -> None:
         assert torch.equal(unpack_int32(pack(values, bits, packed_dim=0).T.contiguous(), bits, 6), values.T)
 
 
+def test_awq_decodes_to_what_autoawq_dequantizes() -> None:
+    """Arbor's decode of AutoAWQ's packing (order 0, 2, 4, 6, 1, 3, 5, 7, zero points) equals
+    AutoAWQ's own `dequantize_gemm`, layer by layer (q/k/v and gate/up fused in Arbor)."""
+    runner = _runner("awq")
+    want = load_file(DATA / "awq" / "dequantized_by_autoawq.safetensors")
+    model = runner.model
+    for name, layer in model.named_modules():
+        if not isinstance(layer, QuantLinear):
+            continue
+        ours = layer.weight.dequantize()
+        for hf, lo, rows in model.linear_parts(name):
+            assert torch.equal(ours[lo:lo + rows], want[hf + ".weight"]), hf
+
+
+def test_awq_versions_other_than_gemm_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "model"
+    shutil.copytree(DATA / "awq", path)
+    raw = json.loads((path / "config.json").read_text())
+    raw["quantization_config"]["version"] = "gemv"
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="'gemv'"):
+        ModelConfig.from_dir(path)
+
+
 def _with_quant(tmp_path: Path, edit) -> Path:
     path = tmp_path / "model"
     shutil.copytree(DATA / "w4a16", path)
@@ -127,7 +164,7 @@ def _with_quant(tmp_path: Path, edit) -> Path:
 
 
 @pytest.mark.parametrize(("edit", "named"), [
-    (lambda q: q.update(quant_method="awq"), "'awq'"),
+    (lambda q: q.update(quant_method="gptq"), "'gptq'"),
     (lambda q: q["config_groups"]["group_0"].update(format="marlin-24"), "'marlin-24'"),
     (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=3), "3-bit"),
     (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block"), "'block'"),

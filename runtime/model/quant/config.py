@@ -7,7 +7,8 @@ Supported (compressed-tensors, as llmcompressor writes it):
   run time (W8A8, SmoothQuant's output).
 - `float-quantized`: float8_e4m3 weights per channel or per tensor, with float8
   activations quantized per token at run time, or none (FP8 dynamic, FP8 weight-only).
-Anything else is refused by name, before any weight is read.
+And AutoAWQ's GEMM layout (`quant_method: awq`, `version: gemm`): int4 weights in groups, with
+zero points. Anything else is refused by name, before any weight is read.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from arbor.runtime.model.errors import CheckpointError
 
 FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
+AWQ_GEMM = "awq-gemm"  # AutoAWQ's layout, as a format of its own
 
 
 @dataclass(frozen=True)
@@ -71,9 +73,11 @@ def parse(raw: dict[str, Any], where: str) -> QuantConfig | None:
     if qc is None:
         return None
     method = qc.get("quant_method")
+    if method == "awq":
+        return _awq(qc, where)
     if method != "compressed-tensors":
-        raise CheckpointError(f"{where}: quantization method {method!r} is not supported "
-                              "(Arbor loads compressed-tensors checkpoints, as llmcompressor writes them)")
+        raise CheckpointError(f"{where}: quantization method {method!r} is not supported (Arbor loads "
+                              "compressed-tensors checkpoints, as llmcompressor writes them, and AutoAWQ's GEMM layout)")
     for key in ("sparsity_config", "transform_config"):
         if qc.get(key):
             raise CheckpointError(f"{where}: compressed-tensors {key} is not supported (dense weights only)")
@@ -89,6 +93,15 @@ def parse(raw: dict[str, Any], where: str) -> QuantConfig | None:
     if not groups:
         raise CheckpointError(f"{where}: quantization_config has no config_groups")
     return QuantConfig(tuple(groups), tuple(qc.get("ignore") or ()))
+
+
+def _awq(qc: dict[str, Any], where: str) -> QuantConfig:
+    version, bits = str(qc.get("version", "gemm")).lower(), int(qc.get("bits", qc.get("w_bit", 0)))
+    if version != "gemm" or bits != 4:
+        raise CheckpointError(f"{where}: AWQ version {version!r} with {bits}-bit weights is not supported "
+                              "(AutoAWQ's GEMM layout, 4-bit, is)")
+    scheme = WeightScheme(AWQ_GEMM, 4, "int", not qc.get("zero_point", True), int(qc["group_size"]), None)
+    return QuantConfig(((("Linear",), scheme),), ("lm_head", *(qc.get("modules_to_not_convert") or ())))
 
 
 def _scheme(where: str, fmt: str | None, w: dict | None, act: dict | None, out: dict | None) -> WeightScheme:

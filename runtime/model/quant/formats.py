@@ -7,6 +7,9 @@ compressed-tensors stores, per linear layer (`<name>.<tensor>`):
   `weight_shape` [2].
 - int-quantized / naive-quantized: `weight` int8 [out, in], `weight_scale` [out, 1].
 - float-quantized: `weight` float8_e4m3fn [out, in], `weight_scale` [out, 1] or [1].
+AutoAWQ's GEMM layout: `qweight` int32 [in, out / 8] and `qzeros` int32 [groups, out / 8],
+eight 4-bit values a word along the output dimension in the order 0, 2, 4, 6, 1, 3, 5, 7;
+`scales` float16 [groups, out]; w = (q - zero) * scale, all unsigned.
 Each decodes to `IntWeight` (w = (q - zero) * scale per group of columns) or `FloatWeight`
 (w = fp8 * scale per row). Parts of a fused layer (q/k/v, gate/up) concatenate by rows.
 """
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from arbor.runtime.model.errors import CheckpointError
-from arbor.runtime.model.quant.config import WeightScheme
+from arbor.runtime.model.quant.config import AWQ_GEMM, WeightScheme
 
 
 @dataclass
@@ -59,6 +62,32 @@ def unpack_int32(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     return (fields.reshape(words.shape[0], -1)[:, :count] - (1 << (bits - 1))).to(torch.int8)
 
 
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output column each of a word's 8 nibbles holds
+
+
+def unpack_awq(words: torch.Tensor) -> torch.Tensor:
+    """[rows, cols / 8] int32 in AWQ's order -> [rows, cols] int8 values 0..15."""
+    shifts = torch.arange(8, dtype=torch.int32, device=words.device) * 4
+    nibbles = (words.to(torch.int32)[:, :, None] >> shifts) & 15  # nibble i holds column AWQ_ORDER[i]
+    columns = torch.empty_like(nibbles)
+    columns[:, :, list(AWQ_ORDER)] = nibbles
+    return columns.reshape(words.shape[0], -1).to(torch.int8)
+
+
+def _decode_awq(tensors: dict[str, torch.Tensor], shape: tuple[int, int], group: int, where: str) -> IntWeight:
+    out, cols = shape
+    for key in ("qweight", "scales"):
+        if key not in tensors:
+            raise CheckpointError(f"{where}: missing {key} for an AWQ layer")
+    q = unpack_awq(tensors["qweight"]).T.contiguous()  # [out, in], 0..15
+    scale = tensors["scales"].float().T.contiguous()  # [out, groups]
+    if tuple(q.shape) != shape or cols % group or tuple(scale.shape) != (out, cols // group):
+        raise CheckpointError(f"{where}: AWQ weight {tuple(q.shape)} with scales {tuple(scale.shape)} does not fit "
+                              f"{shape} in groups of {group}")
+    zero = unpack_awq(tensors["qzeros"]).T.contiguous() - 8 if "qzeros" in tensors else None
+    return IntWeight((q - 8).contiguous(), scale, zero, group, 4)  # signed, as the other formats
+
+
 def decode(scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[int, int], where: str
            ) -> IntWeight | FloatWeight:
     """One linear layer's tensors (keyed by suffix: "weight_packed", ...) in their decoded form."""
@@ -69,6 +98,8 @@ def decode(scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[
             raise CheckpointError(f"{where}: missing {key} for a {scheme.format} {scheme.name} layer")
         return tensors[key]
 
+    if scheme.format == AWQ_GEMM:
+        return _decode_awq(tensors, shape, int(scheme.group_size), where)
     scale = need("weight_scale").float()
     if scheme.kind == "float":
         w = need("weight")
