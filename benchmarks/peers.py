@@ -17,12 +17,13 @@ import itertools
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,19 +120,32 @@ def serve(name: str, cmd: list[str], env: dict[str, str] | None = None, notes: s
     `/v1/models` answers, yield it, and stop it."""
     port = free_port()
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{name}.log", "w")  # noqa: SIM115
+    # A session of its own, so stopping it stops its children too (vLLM's engine core
+    # outlived a timed-out server once and took a core from the next measurement).
     proc = subprocess.Popen([c.format(port=port) for c in cmd], env={**os.environ, **(env or {})},
-                            stdout=log, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_ready(proc, port, timeout)
         model = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"][0]["id"]
         yield System(name, port, model, notes, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _stop_group(proc)
         log.close()
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the server's whole process group; 30 s later (or once the leader is gone and
+    its children had a second), SIGKILL whatever is left of it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+    time.sleep(1)
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def arbor(dtype: str, *extra: str) -> Any:
