@@ -37,6 +37,7 @@ QUANTIZER = Path(os.environ.get("ARBOR_QUANTIZER_PYTHON",
 SCHEMES = {"bf16": (None, "auto"), "W8A16": ("w8a16", "auto"), "W4A16-GPTQ": ("w4a16-gptq", "auto"),
            "W8A8-SQ": ("w8a8-sq", "auto"), "FP8": ("fp8", "auto"), "bf16, fp8 KV": (None, "fp8_e4m3")}
 VLLM_KV = {"auto": "auto", "fp8_e4m3": "fp8"}
+VLLM_READY_S = 300  # vLLM's start-up with its compile takes 1-2 minutes here; FP8 weights never got ready
 
 
 def quantized(target: Path, scheme: str | None) -> Path:
@@ -117,7 +118,7 @@ def vllm_cells(path: Path, dtype: str, kv: str, name: str, prompts: list[list[in
         return {"error": "no vLLM venv (../shared/tools/peers.sh vllm)"}
     try:
         with peers.vllm(dtype, model=path, name=f"vllm-{name.replace(' ', '').replace(',', '-')}",
-                        extra=["--kv-cache-dtype", VLLM_KV[kv]]) as system:
+                        extra=["--kv-cache-dtype", VLLM_KV[kv]], timeout=VLLM_READY_S) as system:
             asyncio.run(peers.run_all(system, peers.warmup()))
             cells: dict[str, Any] = {}
             for b in (1, 16):

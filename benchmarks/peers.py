@@ -155,7 +155,7 @@ def arbor(dtype: str, *extra: str) -> Any:
 
 
 def vllm(dtype: str, threads: int | None = None, model: Path = CKPT, name: str | None = None,
-         extra: list[str] | None = None) -> Any:
+         extra: list[str] | None = None, timeout: float = 600) -> Any:
     """vLLM's CPU build; `threads` None keeps its default (one torch thread on 2 cores)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": "4"}
     if threads is not None:
@@ -163,7 +163,8 @@ def vllm(dtype: str, threads: int | None = None, model: Path = CKPT, name: str |
     cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", dtype,
            "--host", "127.0.0.1", "--port", "{port}", "--max-num-seqs", "64", *(extra or [])]
     name = name or ("vllm" if threads is None else f"vllm-omp{threads}")
-    return serve(name, cmd, env, notes="default threads" if threads is None else f"OMP_NUM_THREADS={threads}")
+    return serve(name, cmd, env, notes="default threads" if threads is None else f"OMP_NUM_THREADS={threads}",
+                 timeout=timeout)
 
 
 def llama_server(dtype: str, slots: int, ctx_per_slot: int = 2048) -> Any:

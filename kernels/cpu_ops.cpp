@@ -65,10 +65,11 @@ struct E4m3Table {
   }
 };
 
+const E4m3Table kE4m3;  // built when the library loads, so reads need no initialisation guard
+
 template <>
 inline float widen(c10::Float8_e4m3fn x) {
-  static const E4m3Table table;
-  return table.value[x.x];
+  return kE4m3.value[x.x];
 }
 
 // exp(x) for x <= 0 to about 1 ulp (range reduction by ln 2, degree-6 polynomial), written so
