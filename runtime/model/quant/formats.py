@@ -34,13 +34,6 @@ class IntWeight:
     group: int  # columns per group (in_features when per channel)
     bits: int
 
-    def dequantize(self) -> torch.Tensor:
-        """The float32 weight [out, in] these integers stand for."""
-        q = self.q.float()
-        if self.zero is not None:
-            q = q - self.zero.float().repeat_interleave(self.group, 1)
-        return q * self.scale.repeat_interleave(self.group, 1)
-
 
 @dataclass
 class FloatWeight:
@@ -48,9 +41,6 @@ class FloatWeight:
 
     w: torch.Tensor  # [out, in] float8_e4m3fn
     scale: torch.Tensor  # [out] float32
-
-    def dequantize(self) -> torch.Tensor:
-        return self.w.float() * self.scale[:, None]
 
 
 def unpack_int32(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
