@@ -32,6 +32,7 @@ from arbor.kernels.reference import (
     rotary_ref,
     silu_and_mul_ref,
     store_kv_ref,
+    woq_dequantize_ref,
 )
 from arbor.kernels.rotary import rotary_triton
 from arbor.kernels.woq_matmul import woq_matmul_triton
@@ -133,14 +134,12 @@ def checks() -> list[dict[str, object]]:
 
 def _woq_rows(add: Callable[..., None], kind: int, name: str, n_out: int, k_in: int, group: int = 128) -> None:
     """Weight-only quantized GEMM (an 8B model's gate/up projection), next to bf16 F.linear."""
-    from arbor.runtime.model.quant.linear import QuantWeight
-
     codes = torch.randint(0, 256, (n_out, k_in // 2 if kind == 1 else k_in), dtype=torch.uint8, device="cuda")
     if kind == 2:
         codes = torch.randn(n_out, k_in, device="cuda").to(torch.float8_e4m3fn).view(torch.uint8)
     scale = torch.rand(n_out, k_in // group, device="cuda") * 0.01
     zero = torch.full_like(scale, 8.0 if kind == 1 else 0.0)
-    dense = QuantWeight(codes, scale, zero, k_in, group, kind).dequantize().to(DT)
+    dense = woq_dequantize_ref(codes, scale, zero, k_in, group, kind).to(DT)
     for m in (1, 16, 512):
         x = torch.randn(m, k_in, dtype=DT, device="cuda")
         err = _err(woq_matmul_triton(x, codes, scale, zero, group, kind), x @ dense.T)

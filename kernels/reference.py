@@ -96,3 +96,18 @@ def extend_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_po
         p = torch.softmax(s.masked_fill(~allowed.to(s.device), float("-inf")), -1)
         out[q0:q1] = torch.einsum("hqn,nhd->qhd", p, vals).to(q.dtype)
     return out
+
+
+def woq_dequantize_ref(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, cols: int, group: int,
+                       kind: int) -> torch.Tensor:
+    """The float32 weight [out, cols] of quantized codes (kind 0 int8, 1 int4 in blocks of
+    32 values: byte j holds value j in its low nibble and j + 16 in its high one, 2 float8
+    e4m3), w = (code - zero) * scale per row and group of columns."""
+    if kind == 1:
+        blocks = codes.view(codes.shape[0], -1, 1, 16)
+        values = torch.cat([blocks & 15, blocks >> 4], 2).reshape(codes.shape[0], cols).float()
+    elif kind == 0:
+        values = codes.view(torch.int8).float()
+    else:
+        values = codes.view(torch.float8_e4m3fn).float()
+    return (values - zero.repeat_interleave(group, 1)) * scale.repeat_interleave(group, 1)

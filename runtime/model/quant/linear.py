@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from arbor.kernels import cpu_ops
+from arbor.kernels.reference import woq_dequantize_ref
 from arbor.runtime.model.errors import CheckpointError
 from arbor.runtime.model.quant.config import WeightScheme
 from arbor.runtime.model.quant.formats import FloatWeight, IntWeight, concat, decode
@@ -63,16 +64,7 @@ class QuantWeight:
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weight [out, cols], in torch ops (the kernels' reference)."""
-        if self.kind == INT4:
-            blocks = self.codes.view(self.codes.shape[0], -1, 1, 16)
-            codes = torch.cat([blocks & 15, blocks >> 4], 2).reshape(self.codes.shape[0], self.cols)
-        elif self.kind == INT8:
-            codes = self.codes.view(torch.int8)
-        else:
-            codes = self.codes.view(torch.float8_e4m3fn)
-        expand = self.group
-        return (codes.float() - self.zero.repeat_interleave(expand, 1)) * self.scale.repeat_interleave(expand, 1)
-
+        return woq_dequantize_ref(self.codes, self.scale, self.zero, self.cols, self.group, self.kind)
 
 class QuantLinear(nn.Module):
     """A linear layer whose weight arrives quantized, possibly in parts (fused q/k/v or
