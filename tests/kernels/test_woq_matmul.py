@@ -15,7 +15,7 @@ from arbor.runtime.model.quant.linear import QuantLinear
 DATA = Path(__file__).resolve().parents[1] / "data" / "quant"
 
 
-@pytest.mark.parametrize("name", ["w8a16", "w4a16", "w4a16-asym", "fp8", "awq"])
+@pytest.mark.parametrize("name", ["w8a16", "w4a16", "w4a16-asym", "fp8", "awq", "gptq", "gptq8"])
 def test_woq_matmul_matches_the_dequantized_weight(name: str) -> None:
     model, _ = load_model(DATA / name, torch.float32, torch.device("cpu"))
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)][:3]  # qkv, o, gate_up of layer 0
@@ -25,5 +25,6 @@ def test_woq_matmul_matches_the_dequantized_weight(name: str) -> None:
         for rows in (1, 7, 33):
             x = torch.randn(rows, w.cols, generator=g)
             ref = x @ w.dequantize().T
-            got = woq_matmul_triton(x, w.codes, w.scale, w.zero, w.group, w.kind)
+            sorted_x = x if w.perm is None else x[:, w.perm]  # act-order: codes' columns sorted by group
+            got = woq_matmul_triton(sorted_x, w.codes, w.scale, w.zero, w.group, w.kind)
             assert (got - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()

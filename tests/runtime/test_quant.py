@@ -1,5 +1,5 @@
-"""Quantized checkpoints written by llmcompressor (tests/data/quant, see its README): Arbor's
-logits against transformers' dequantized model, each kernel against its dequantize-then-
+"""Quantized checkpoints written by llmcompressor, AutoAWQ and Intel Neural Compressor's GPTQ
+(tests/data/quant, see its README): Arbor's logits against transformers' dequantized model, each kernel against its dequantize-then-
 matmul reference, greedy decoding, and a clear refusal of every scheme Arbor lacks."""
 
 from __future__ import annotations
@@ -24,23 +24,29 @@ from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.tiny_model import write_gpt2_tokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "quant"
-WEIGHT_ONLY = ["w8a16", "w4a16", "w4a16-asym", "awq"]  # awq: AutoAWQ's GEMM layout
+# awq: AutoAWQ's GEMM layout; gptq (int4, groups, act-order, zero points) and gptq8 (int8 per
+# channel, symmetric): GPTQ's layout
+WEIGHT_ONLY = ["w8a16", "w4a16", "w4a16-asym", "awq", "gptq", "gptq8"]
+INT4 = {"w4a16", "w4a16-asym", "awq", "gptq"}
+# the tool's own dequantized weights, written beside checkpoints that transformers cannot load here
+ORACLES = {"awq": "dequantized_by_autoawq.safetensors", "gptq": "dequantized_by_inc.safetensors",
+           "gptq8": "dequantized_by_inc.safetensors"}
 WITH_ACTIVATIONS = ["w8a8", "fp8"]  # activations quantized per token: a looser match to the float model
-AWQ_KEYS = (".qweight", ".qzeros", ".scales")
+PACKED_KEYS = (".qweight", ".qzeros", ".scales", ".g_idx", ".bias", ".scale_bf16_to_fp8")
 PROMPTS = [[5, 17, 99, 3, 250, 8, 8, 41], [7] * 3, list(range(30, 90))]
 
 
 def _hf(path: Path):
     """transformers' model with the dequantized weights: compressed-tensors decompresses its own;
-    for AutoAWQ's layout, the weights AutoAWQ's own `dequantize_gemm` wrote beside it."""
-    if path.name != "awq":
+    for AutoAWQ's and GPTQ's layouts, the weights the quantizer itself dequantized (`ORACLES`)."""
+    if path.name not in ORACLES:
         return AutoModelForCausalLM.from_pretrained(
             path, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
     config = AutoConfig.from_pretrained(path)
     del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    state = {k: v.float() for k, v in load_file(path / "model.safetensors").items() if not k.endswith(AWQ_KEYS)}
-    state |= load_file(path / "dequantized_by_autoawq.safetensors")
+    state = {k: v.float() for k, v in load_file(path / "model.safetensors").items() if not k.endswith(PACKED_KEYS)}
+    state |= load_file(path / ORACLES[path.name])
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all("lm_head" in k for k in missing)  # tied: lm_head is the embedding
     return model
@@ -64,7 +70,9 @@ def _runner(name: str, dtype: str = "float32") -> ModelRunner:
 def test_logits_match_the_dequantized_model_in_transformers(name: str) -> None:
     """fp32: weight-only schemes within 1e-4 of transformers' dequantized model. Schemes that
     also quantize activations per token (transformers' dequantized model does not) within a
-    share of the largest logit: 5% for int8 activations, 10% for float8's 3 mantissa bits."""
+    share of the largest logit: 5% for int8 activations, 10% for float8's 3 mantissa bits.
+    INC dequantizes GPTQ in float16 (its scales' dtype), so that oracle is off by float16
+    rounding: 0.1% of the largest logit."""
     runner = _runner(name)
     assert any(isinstance(m, QuantLinear) for m in runner.model.modules())
     hf = _hf(DATA / name)
@@ -73,7 +81,7 @@ def test_logits_match_the_dequantized_model_in_transformers(name: str) -> None:
             ref = hf(torch.tensor([prompt])).logits[0]
             peak = ref.abs().max().item()
             assert peak > 0.1
-            bound = {"w8a8": 0.05 * peak, "fp8": 0.10 * peak}.get(name, 1e-4)
+            bound = {"w8a8": 0.05 * peak, "fp8": 0.10 * peak, "gptq": 1e-3 * peak, "gptq8": 1e-3 * peak}.get(name, 1e-4)
             assert (ours - ref).abs().max().item() < bound
 
 
@@ -114,7 +122,7 @@ def test_greedy_is_stable_and_weights_shrink(tmp_path: Path, name: str) -> None:
     runner = _runner(name)
     layers = [m for m in runner.model.modules() if isinstance(m, QuantLinear)]
     dense = sum(4 * m.in_features * m.out_features for m in layers)  # what fp32 would take
-    bits = 4 if name.startswith("w4") else 8
+    bits = 4 if name in INT4 else 8
     # codes at `bits`, plus a float32 scale and zero point per row and group of 64
     assert sum(m.weight_bytes() for m in layers) <= dense * (bits / 32 + 2 / 64)
 
@@ -144,6 +152,34 @@ def test_awq_decodes_to_what_autoawq_dequantizes() -> None:
             assert torch.equal(ours[lo:lo + rows], want[hf + ".weight"]), hf
 
 
+@pytest.mark.parametrize("name", ["gptq", "gptq8"])
+def test_gptq_decodes_to_what_inc_dequantizes(name: str) -> None:
+    """Arbor's decode of GPTQ's packing (v1 zero points, act-order's g_idx) equals INC's own
+    `recover()`, up to the float16 rounding INC's product carries."""
+    runner = _runner(name)
+    want = load_file(DATA / name / ORACLES[name])
+    model, layers = runner.model, 0
+    for layer_name, layer in model.named_modules():
+        if not isinstance(layer, QuantLinear):
+            continue
+        layers += 1
+        assert (layer.weight.perm is not None) == (name == "gptq")  # act-order sorts the columns by group
+        ours = layer.weight.dequantize()
+        for hf, lo, rows in model.linear_parts(layer_name):
+            torch.testing.assert_close(ours[lo:lo + rows], want[hf + ".weight"], rtol=2**-10, atol=1e-7, msg=hf)
+    assert layers == 2 * 4  # qkv, o, gate_up, down in each of 2 layers
+
+
+def test_gptq_formats_other_than_v1_and_v2_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "model"
+    shutil.copytree(DATA / "gptq", path)
+    raw = json.loads((path / "config.json").read_text())
+    raw["quantization_config"]["checkpoint_format"] = "marlin"
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="'marlin'"):
+        ModelConfig.from_dir(path)
+
+
 def test_awq_versions_other_than_gemm_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "model"
     shutil.copytree(DATA / "awq", path)
@@ -164,7 +200,8 @@ def _with_quant(tmp_path: Path, edit) -> Path:
 
 
 @pytest.mark.parametrize(("edit", "named"), [
-    (lambda q: q.update(quant_method="gptq"), "'gptq'"),
+    (lambda q: q.update(quant_method="hqq"), "'hqq'"),
+    (lambda q: q.update(quant_method="gptq", bits=3, group_size=64), "3-bit GPTQ"),
     (lambda q: q["config_groups"]["group_0"].update(format="marlin-24"), "'marlin-24'"),
     (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=3), "3-bit"),
     (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block"), "'block'"),

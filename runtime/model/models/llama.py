@@ -110,6 +110,8 @@ class LlamaForCausalLM(nn.Module):
             if module in quantized and key != "bias":
                 quantized[module].stage(lo or 0, key, tensor)
                 continue
+            if module in quantized and quantized[module].bias is None and not tensor.any():
+                continue  # GPTQ writers give every quantized layer a bias, zero where the model has none
             if name not in params:
                 raise CheckpointError(f"checkpoint tensor {hf_name!r} has no place in {type(self).__name__}")
             dest = params[name].data

@@ -8,7 +8,9 @@ Supported (compressed-tensors, as llmcompressor writes it):
 - `float-quantized`: float8_e4m3 weights per channel or per tensor, with float8
   activations quantized per token at run time, or none (FP8 dynamic, FP8 weight-only).
 And AutoAWQ's GEMM layout (`quant_method: awq`, `version: gemm`): int4 weights in groups, with
-zero points. Anything else is refused by name, before any weight is read.
+zero points; and GPTQ's layout (`quant_method: gptq`, as AutoGPTQ, GPTQModel and optimum write
+it): int4 or int8 weights per group or channel, symmetric or not, with or without act-order
+(`desc_act`). Anything else is refused by name, before any weight is read.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from arbor.runtime.model.errors import CheckpointError
 
 FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
 AWQ_GEMM = "awq-gemm"  # AutoAWQ's layout, as a format of its own
+GPTQ_V1, GPTQ_V2 = "gptq", "gptq_v2"  # GPTQ's layout; v1 stores each zero point minus one
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,12 @@ def parse(raw: dict[str, Any], where: str) -> QuantConfig | None:
     method = qc.get("quant_method")
     if method == "awq":
         return _awq(qc, where)
+    if method == "gptq":
+        return _gptq(qc, where)
     if method != "compressed-tensors":
         raise CheckpointError(f"{where}: quantization method {method!r} is not supported (Arbor loads "
-                              "compressed-tensors checkpoints, as llmcompressor writes them, and AutoAWQ's GEMM layout)")
+                              "compressed-tensors checkpoints, as llmcompressor writes them, AutoAWQ's GEMM layout "
+                              "and GPTQ's)")
     for key in ("sparsity_config", "transform_config"):
         if qc.get(key):
             raise CheckpointError(f"{where}: compressed-tensors {key} is not supported (dense weights only)")
@@ -101,6 +107,20 @@ def _awq(qc: dict[str, Any], where: str) -> QuantConfig:
         raise CheckpointError(f"{where}: AWQ version {version!r} with {bits}-bit weights is not supported "
                               "(AutoAWQ's GEMM layout, 4-bit, is)")
     scheme = WeightScheme(AWQ_GEMM, 4, "int", not qc.get("zero_point", True), int(qc["group_size"]), None)
+    return QuantConfig(((("Linear",), scheme),), ("lm_head", *(qc.get("modules_to_not_convert") or ())))
+
+
+def _gptq(qc: dict[str, Any], where: str) -> QuantConfig:
+    bits, group = int(qc.get("bits", 0)), int(qc.get("group_size", -1))
+    fmt = str(qc.get("checkpoint_format", GPTQ_V1)).lower()
+    if fmt not in (GPTQ_V1, GPTQ_V2):
+        raise CheckpointError(f"{where}: GPTQ checkpoint_format {fmt!r} is not supported ({GPTQ_V1} and {GPTQ_V2} are)")
+    if bits not in (4, 8):
+        raise CheckpointError(f"{where}: {bits}-bit GPTQ weights are not supported (4 and 8 are)")
+    for key in ("dynamic", "lm_head"):
+        if qc.get(key):
+            raise CheckpointError(f"{where}: GPTQ `{key}` (per-module overrides, a quantized LM head) is not supported")
+    scheme = WeightScheme(fmt, bits, "int", bool(qc.get("sym", True)), None if group == -1 else group, None)
     return QuantConfig(((("Linear",), scheme),), ("lm_head", *(qc.get("modules_to_not_convert") or ())))
 
 

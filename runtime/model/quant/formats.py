@@ -10,6 +10,11 @@ compressed-tensors stores, per linear layer (`<name>.<tensor>`):
 AutoAWQ's GEMM layout: `qweight` int32 [in, out / 8] and `qzeros` int32 [groups, out / 8],
 eight 4-bit values a word along the output dimension in the order 0, 2, 4, 6, 1, 3, 5, 7;
 `scales` float16 [groups, out]; w = (q - zero) * scale, all unsigned.
+GPTQ's layout: `qweight` int32 [in * bits / 32, out], values packed along the input dimension
+from bit 0 of each word; `qzeros` int32 [groups, out * bits / 32], packed along the output
+dimension (format v1 stores zero - 1); `scales` float16 [groups, out]; `g_idx` int32 [in], the
+group of each input column. With act-order the groups are not contiguous: the columns are
+sorted by group, and the layer permutes x the same way (`IntWeight.perm`).
 Each decodes to `IntWeight` (w = (q - zero) * scale per group of columns) or `FloatWeight`
 (w = fp8 * scale per row). Parts of a fused layer (q/k/v, gate/up) concatenate by rows.
 """
@@ -21,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from arbor.runtime.model.errors import CheckpointError
-from arbor.runtime.model.quant.config import AWQ_GEMM, WeightScheme
+from arbor.runtime.model.quant.config import AWQ_GEMM, GPTQ_V1, GPTQ_V2, WeightScheme
 
 
 @dataclass
@@ -30,9 +35,10 @@ class IntWeight:
 
     q: torch.Tensor  # [out, in] int8, within the signed range of `bits`
     scale: torch.Tensor  # [out, groups] float32
-    zero: torch.Tensor | None  # [out, groups] int8; None: symmetric (zero 0)
+    zero: torch.Tensor | None  # [out, groups] integer; None: symmetric (zero 0)
     group: int  # columns per group (in_features when per channel)
     bits: int
+    perm: torch.Tensor | None = None  # act-order: the input column each column of q multiplies
 
 
 @dataclass
@@ -43,13 +49,17 @@ class FloatWeight:
     scale: torch.Tensor  # [out] float32
 
 
+def _fields(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """[rows, words] int32 -> [rows, words * 32 / bits] int16: unsigned `bits`-bit fields from bit 0 up."""
+    shifts = torch.arange(32 // bits, dtype=torch.int32, device=words.device) * bits
+    fields = (words.to(torch.int32)[:, :, None] >> shifts) & ((1 << bits) - 1)
+    return fields.reshape(words.shape[0], -1).to(torch.int16)
+
+
 def unpack_int32(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     """[rows, words] int32 -> [rows, count] int8: `bits`-bit fields from bit 0 up, minus the
     2^(bits-1) offset they were stored with."""
-    per = 32 // bits
-    shifts = torch.arange(per, dtype=torch.int32, device=words.device) * bits
-    fields = (words.to(torch.int32)[:, :, None] >> shifts) & ((1 << bits) - 1)
-    return (fields.reshape(words.shape[0], -1)[:, :count] - (1 << (bits - 1))).to(torch.int8)
+    return (_fields(words, bits)[:, :count] - (1 << (bits - 1))).to(torch.int8)
 
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # the output column each of a word's 8 nibbles holds
@@ -78,6 +88,31 @@ def _decode_awq(tensors: dict[str, torch.Tensor], shape: tuple[int, int], group:
     return IntWeight((q - 8).contiguous(), scale, zero, group, 4)  # signed, as the other formats
 
 
+def _decode_gptq(tensors: dict[str, torch.Tensor], shape: tuple[int, int], scheme: WeightScheme,
+                 where: str) -> IntWeight:
+    out, cols = shape
+    for key in ("qweight", "qzeros", "scales"):
+        if key not in tensors:
+            raise CheckpointError(f"{where}: missing {key} for a GPTQ layer")
+    bits, half = scheme.bits, 1 << (scheme.bits - 1)
+    q = _fields(tensors["qweight"].T.contiguous(), bits)  # [out, in], unsigned
+    scale = tensors["scales"].float().T.contiguous()  # [out, groups]
+    zero = _fields(tensors["qzeros"], bits)[:, :out].T.contiguous() + (scheme.format == GPTQ_V1)
+    groups = scale.shape[1]
+    if tuple(q.shape) != shape or groups == 0 or cols % groups or tuple(zero.shape) != (out, groups):
+        raise CheckpointError(f"{where}: GPTQ weight {tuple(q.shape)} with scales {tuple(scale.shape)} and zeros "
+                              f"{tuple(zero.shape)} does not fit {shape}")
+    group = cols // groups
+    perm, g_idx = None, tensors.get("g_idx")
+    in_order = torch.arange(cols, device=q.device) // group  # each column's group without act-order
+    if g_idx is not None and not torch.equal(g_idx.long(), in_order):
+        perm = torch.argsort(g_idx.long(), stable=True)
+        if not torch.equal(g_idx.long()[perm], in_order):
+            raise CheckpointError(f"{where}: g_idx does not give every group {group} columns")
+        q = q[:, perm]
+    return IntWeight((q - half).to(torch.int8).contiguous(), scale, zero - half, group, bits, perm)
+
+
 def decode(scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[int, int], where: str
            ) -> IntWeight | FloatWeight:
     """One linear layer's tensors (keyed by suffix: "weight_packed", ...) in their decoded form."""
@@ -90,6 +125,8 @@ def decode(scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[
 
     if scheme.format == AWQ_GEMM:
         return _decode_awq(tensors, shape, int(scheme.group_size), where)
+    if scheme.format in (GPTQ_V1, GPTQ_V2):
+        return _decode_gptq(tensors, shape, scheme, where)
     scale = need("weight_scale").float()
     if scheme.kind == "float":
         w = need("weight")
@@ -127,5 +164,9 @@ def concat(parts: list[IntWeight | FloatWeight]) -> IntWeight | FloatWeight:
     zeros = [p.zero for p in parts]
     zero = None if zeros[0] is None else torch.cat(zeros)
     first = parts[0]
+    if any((p.perm is None) != (first.perm is None) or (p.perm is not None and not torch.equal(p.perm, first.perm))
+           for p in parts):
+        raise CheckpointError("the act-order layers fused into one (q/k/v or gate/up) order their columns "
+                              "differently; Arbor fuses them, so their g_idx must match")
     return IntWeight(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), zero, first.group,
-                     first.bits)
+                     first.bits, first.perm)

@@ -44,6 +44,7 @@ class QuantWeight:
     cols: int
     group: int
     kind: int
+    perm: torch.Tensor | None = None  # act-order: the input column each column of codes multiplies
 
     @classmethod
     def of(cls, w: IntWeight | FloatWeight) -> QuantWeight:
@@ -52,19 +53,23 @@ class QuantWeight:
             return cls(w.w.view(torch.uint8), w.scale[:, None].contiguous(), torch.zeros(out, 1), cols, cols, FP8)
         zero = torch.zeros_like(w.scale) if w.zero is None else w.zero.float()
         if w.bits == 8:
-            return cls(w.q.view(torch.uint8), w.scale, zero, w.q.shape[1], w.group, INT8)
+            return cls(w.q.view(torch.uint8), w.scale, zero, w.q.shape[1], w.group, INT8, w.perm)
         out, cols = w.q.shape
         if cols % 32:
             raise CheckpointError(f"int4 weights need rows of a multiple of 32 values, not {cols}")
         u = (w.q + 8).to(torch.uint8).view(out, cols // 32, 2, 16)  # blocks of 32: codes j and j + 16 share a byte
-        return cls((u[:, :, 0] | (u[:, :, 1] << 4)).reshape(out, cols // 2), w.scale, zero + 8, cols, w.group, INT4)
+        return cls((u[:, :, 0] | (u[:, :, 1] << 4)).reshape(out, cols // 2), w.scale, zero + 8, cols, w.group, INT4,
+                   w.perm)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.zero))
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 weight [out, cols], in torch ops (the kernels' reference)."""
-        return woq_dequantize_ref(self.codes, self.scale, self.zero, self.cols, self.group, self.kind)
+        """The float32 weight [out, cols] in the checkpoint's column order, in torch ops."""
+        w = woq_dequantize_ref(self.codes, self.scale, self.zero, self.cols, self.group, self.kind)
+        if self.perm is None:
+            return w
+        return torch.empty_like(w).index_copy_(1, self.perm, w)
 
 class QuantLinear(nn.Module):
     """A linear layer whose weight arrives quantized, possibly in parts (fused q/k/v or
@@ -110,6 +115,8 @@ class QuantLinear(nn.Module):
 
     def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
+        if w.perm is not None:  # act-order: the codes' columns are sorted by group
+            x = x.index_select(1, w.perm)
         if x.device.type == "cuda":
             # Triton loads on the GPU path only
             from arbor.kernels.woq_matmul import woq_matmul_triton
@@ -119,7 +126,7 @@ class QuantLinear(nn.Module):
             return self.ops.woq_linear(x, w.codes, w.scale, w.zero, w.group, w.kind)
         if self.ops is not None:
             return F.linear(x, self.ops.woq_dequantize(w.codes, w.scale, w.zero, w.cols, w.group, w.kind, x.dtype))
-        return F.linear(x, w.dequantize().to(x.dtype))
+        return F.linear(x, woq_dequantize_ref(w.codes, w.scale, w.zero, w.cols, w.group, w.kind).to(x.dtype))
 
     def _int8_activations(self, x: torch.Tensor) -> torch.Tensor:
         """W8A8: int8 x per row times int8 weights per channel (symmetric, one group)."""
