@@ -3,7 +3,9 @@ by vLLM's CPU build: held-out perplexity, weight bytes, decode and prefill speed
 
 The target (`make_eval_models.py`) is quantized once per scheme by `quantize.py` in the
 quantizer's own venv (`scripts/quantizer_venv.sh`; ARBOR_QUANTIZER_PYTHON names another) and
-cached beside it. For each of bf16, W8A16, W4A16-GPTQ, W8A8-SmoothQuant and FP8:
+cached beside it; the GPTQ-layout row by Intel Neural Compressor (`quantize_gptq.py`,
+`scripts/quantizer_venv.sh --gptq`; ARBOR_GPTQ_PYTHON). For each of bf16, W8A16, W4A16-GPTQ,
+W8A8-SmoothQuant, FP8 and W4A16 in GPTQ's own layout (act-order):
 - perplexity of the held-out windows (`eval_ppl.py`: 64 x 512 tokens, prompt logprobs);
 - the bytes of the linear layers' weights as loaded, and of the whole model;
 - greedy decode tok/s at batch 1 and 16 (128-token held-out prompts, 128 new tokens);
@@ -31,26 +33,32 @@ from typing import Any
 import torch
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
-QUANTIZER = Path(os.environ.get("ARBOR_QUANTIZER_PYTHON",
-                                Path.home() / ".cache" / "arbor-peers" / "llmcompressor" / "venv" / "bin" / "python"))
-# name -> (llmcompressor scheme of the checkpoint, KV-cache dtype)
+PEERS = Path.home() / ".cache" / "arbor-peers"
+QUANTIZER = Path(os.environ.get("ARBOR_QUANTIZER_PYTHON", PEERS / "llmcompressor" / "venv" / "bin" / "python"))
+GPTQ_QUANTIZER = Path(os.environ.get("ARBOR_GPTQ_PYTHON", PEERS / "gptq" / "venv" / "bin" / "python"))
+GPTQ_LAYOUT = "gptq-layout"  # made by quantize_gptq.py (INC), not llmcompressor
+# name -> (scheme of the checkpoint, KV-cache dtype)
 SCHEMES = {"bf16": (None, "auto"), "W8A16": ("w8a16", "auto"), "W4A16-GPTQ": ("w4a16-gptq", "auto"),
-           "W8A8-SQ": ("w8a8-sq", "auto"), "FP8": ("fp8", "auto"), "bf16, fp8 KV": (None, "fp8_e4m3")}
+           "W8A8-SQ": ("w8a8-sq", "auto"), "FP8": ("fp8", "auto"), "W4A16, GPTQ layout": (GPTQ_LAYOUT, "auto"),
+           "bf16, fp8 KV": (None, "fp8_e4m3")}
 VLLM_KV = {"auto": "auto", "fp8_e4m3": "fp8"}
 VLLM_READY_S = 300  # vLLM's start-up with its compile takes 1-2 minutes here; FP8 weights never got ready
 
 
 def quantized(target: Path, scheme: str | None) -> Path:
-    """The target quantized by `scheme` (made once with llmcompressor, then cached)."""
+    """The target quantized by `scheme` (made once by the quantizer, then cached)."""
     if scheme is None:
         return target
     out = target.with_name(f"{target.name}-{scheme}")
     if not (out / "config.json").exists():
-        if not QUANTIZER.exists():
-            raise SystemExit(f"no quantizer at {QUANTIZER}: run scripts/quantizer_venv.sh")
+        gptq = scheme == GPTQ_LAYOUT
+        python = GPTQ_QUANTIZER if gptq else QUANTIZER
+        if not python.exists():
+            raise SystemExit(f"no quantizer at {python}: run scripts/quantizer_venv.sh{' --gptq' if gptq else ''}")
         staging = out.with_name(out.name + ".tmp")
-        subprocess.run([str(QUANTIZER), str(Path(__file__).with_name("quantize.py")), str(target), str(staging),
-                        "--scheme", scheme], check=True)
+        script, args = ("quantize_gptq.py", ["--act-order"]) if gptq else ("quantize.py", ["--scheme", scheme])
+        subprocess.run([str(python), str(Path(__file__).with_name(script)), str(target), str(staging), *args],
+                       check=True)
         staging.rename(out)
     return out
 
