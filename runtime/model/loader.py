@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -11,24 +11,31 @@ from torch import nn
 
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
 from arbor.runtime.model.models import model_class
+from arbor.runtime.model.parallel import TensorParallel
 from arbor.runtime.model.quant.apply import quantize_linears
 
+Shard = Callable[[str], "tuple[int, int, int] | None"]  # HF tensor name -> (dim, lo, hi) to read
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device) -> tuple[nn.Module, ModelConfig]:
-    """Build the model for `path/config.json` and fill it from its safetensors files."""
+
+def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel = TensorParallel()
+               ) -> tuple[nn.Module, ModelConfig]:
+    """Build the model for `path/config.json` (this rank's share of it under tensor
+    parallelism) and fill it from its safetensors files, reading only that share."""
     cfg = ModelConfig.from_dir(path)
     files = weight_files(Path(path))
+    if cfg.quant is not None and tp.size > 1:
+        raise CheckpointError(f"{path}: quantized checkpoints do not run with --tp-size > 1 yet")
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # parameters are born in `dtype`, never converted
     try:
         with torch.device("meta"):
-            model = model_class(cfg)(cfg)
+            model = model_class(cfg)(cfg, tp)
     finally:
         torch.set_default_dtype(previous)
     if cfg.quant is not None:
         quantize_linears(model, cfg.quant, model.linear_parts)
     model = model.to_empty(device=device)
-    model.load_weights(_iter_tensors(files, device))
+    model.load_weights(_iter_tensors(files, device, model.shard))
     return model.eval(), cfg
 
 
@@ -50,13 +57,19 @@ def weight_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path} has no model.safetensors or model.safetensors.index.json")
 
 
-def _iter_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_tensors(files: list[Path], device: torch.device, shard: Shard) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import SafetensorError, safe_open
 
     for f in files:
         try:
             with safe_open(str(f), framework="pt", device=str(device)) as handle:
                 for name in handle.keys():  # noqa: SIM118 (safe_open is not a Mapping)
-                    yield name, handle.get_tensor(name)
+                    part = shard(name)
+                    if part is None:
+                        yield name, handle.get_tensor(name)
+                        continue
+                    dim, lo, hi = part
+                    view = handle.get_slice(name)
+                    yield name, view[lo:hi] if dim == 0 else view[:, lo:hi]
         except SafetensorError as e:
             raise CheckpointError(f"{f} is not a readable safetensors file: {e}") from None

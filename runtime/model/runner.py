@@ -17,6 +17,7 @@ from arbor.runtime.model.fused import use_cpu_kernels, use_triton_kernels
 from arbor.runtime.model.hot_head import use_hot_head
 from arbor.runtime.model.loader import load_model
 from arbor.runtime.model.packed import can_pack, pack_linears
+from arbor.runtime.model.parallel import TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +57,14 @@ def _cpu_has_fast_bf16() -> bool:
 class ModelRunner:
     """Loads the checkpoint, sizes and allocates the KV cache, and runs forward passes."""
 
-    def __init__(self, args: ServerArgs, model_path: str, hot_tokens: torch.Tensor | None = None) -> None:
-        """`hot_tokens`: compute logits for these token ids only (a draft's HotHead)."""
+    def __init__(self, args: ServerArgs, model_path: str, hot_tokens: torch.Tensor | None = None,
+                 tp: TensorParallel = TensorParallel(), num_slots: int | None = None) -> None:
+        """`hot_tokens`: compute logits for these token ids only (a draft's HotHead). Under
+        tensor parallelism, `tp` is this rank and `num_slots` the KV capacity rank 0 chose."""
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device)
-        self.model, self.config = load_model(model_path, self.dtype, self.device)
+        self.tp = tp
+        self.model, self.config = load_model(model_path, self.dtype, self.device, tp)
         if hot_tokens is not None:
             use_hot_head(self.model, hot_tokens)
         cfg = self.config
@@ -68,8 +72,9 @@ class ModelRunner:
         ps = args.page_size
         table_width = -(-self.context_len // ps) * ps
         self.kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype in ("fp8", "fp8_e4m3") else self.dtype
-        num_slots = self._kv_slots(args)
-        self.kv_pool = KVPool(num_slots, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype, self.device)
+        num_slots = num_slots or self._kv_slots(args)
+        kv_heads = tp.kv_heads(cfg.num_kv_heads)
+        self.kv_pool = KVPool(num_slots, cfg.num_layers, kv_heads, cfg.head_dim, self.kv_dtype, self.device)
         self.allocator = PageAllocator(num_slots, ps)
         self.req_to_token = ReqToTokenPool(args.max_running_requests, table_width, self.device, ps)
         self.attn_backend = create_backend(

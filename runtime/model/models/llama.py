@@ -1,7 +1,9 @@
 """The Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) as one decoder.
 
 Qwen2 differs by a bias on q/k/v, Qwen3 by RMSNorm on each head of q and k before RoPE;
-ModelConfig says which. q/k/v and gate/up are fused into single matmuls at load time.
+ModelConfig says which. q/k/v and gate/up are fused into single matmuls at load time. Under
+tensor parallelism (`parallel.py`) each rank builds its share: its heads, its slice of the MLP
+and of the vocabulary, loaded shard by shard.
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ from torch import nn
 from arbor.runtime.model.forward_batch import ForwardBatch
 from arbor.runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
+from arbor.runtime.model.parallel import TensorParallel
 from arbor.runtime.model.quant.linear import QuantLinear
 
 
 class Attention(nn.Module):
     """Self-attention: fused qkv projection, optional q/k norm, RoPE, paged attention."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, tp: TensorParallel) -> None:
         super().__init__()
-        self.layer = layer
-        self.nq, self.nkv, self.hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.layer, self.tp = layer, tp
+        self.nq, self.nkv, self.hd = cfg.num_heads // tp.size, tp.kv_heads(cfg.num_kv_heads), cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, (self.nq + 2 * self.nkv) * self.hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.nq * self.hd, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -39,18 +42,19 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(batch.positions, q, k)
         assert batch.attn_backend is not None, "ModelRunner sets the attention backend"
-        return self.o_proj(batch.attn_backend.forward(q, k, v, self.layer, batch))
+        return self.tp.all_reduce(self.o_proj(batch.attn_backend.forward(q, k, v, self.layer, batch)))
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks; the residual add is fused into the next norm."""
 
-    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, tp: TensorParallel) -> None:
         super().__init__()
+        self.tp = tp
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer, rotary)
+        self.self_attn = Attention(cfg, layer, rotary, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size // tp.size)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch
@@ -61,20 +65,38 @@ class DecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(x, batch)
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        return self.tp.all_reduce(self.mlp(x)), residual
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """This rank's rows of the embedding; ids outside its range look up zeros, and the
+    all-reduce fills them in from the rank that owns them."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel) -> None:
+        super().__init__(tp.vocab_rows(cfg.vocab_size), cfg.hidden_size)
+        self.tp, self.lo = tp, tp.vocab_range(cfg.vocab_size)[0]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.lo
+        outside = (local < 0) | (local >= self.num_embeddings)
+        x = super().forward(local.masked_fill(outside, 0))
+        return self.tp.all_reduce(x.masked_fill_(outside[:, None], 0))
 
 
 class LlamaForCausalLM(nn.Module):
     """Embedding, decoder layers, final norm and LM head."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = TensorParallel()) -> None:
         super().__init__()
-        self.config = cfg
+        tp.check(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
+        self.config, self.tp = cfg, tp
         rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
+        split = tp.size > 1
+        self.embed_tokens = VocabParallelEmbedding(cfg, tp) if split else nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        head_rows = tp.vocab_rows(cfg.vocab_size)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, head_rows, bias=False)
         self.packed_head: nn.Module | None = None  # a tied head packed for CPU matmuls (packed.py)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -89,10 +111,12 @@ class LlamaForCausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in the model's dtype for hidden states [N, hidden]."""
         if self.lm_head is not None:
-            return self.lm_head(hidden)
-        if self.packed_head is not None:
-            return self.packed_head(hidden)
-        return hidden @ self.embed_tokens.weight.T
+            local = self.lm_head(hidden)
+        elif self.packed_head is not None:
+            local = self.packed_head(hidden)
+        else:
+            local = hidden @ self.embed_tokens.weight.T
+        return self.tp.gather_vocab(local, self.config.vocab_size)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up; every parameter
@@ -116,6 +140,10 @@ class LlamaForCausalLM(nn.Module):
                 raise CheckpointError(f"checkpoint tensor {hf_name!r} has no place in {type(self).__name__}")
             dest = params[name].data
             part = dest if lo is None else dest[lo:hi]
+            if name in ("embed_tokens.weight", "lm_head.weight") and tensor.shape[0] < part.shape[0]:
+                part[tensor.shape[0]:].zero_()  # the last rank's vocabulary slice, padded
+                part = part[:tensor.shape[0]]
+                filled[name] = dest.shape[0] - tensor.shape[0]
             if part.shape != tensor.shape:
                 raise CheckpointError(f"{hf_name}: shape {tuple(tensor.shape)}, expected {tuple(part.shape)}")
             part.copy_(tensor)
@@ -126,12 +154,36 @@ class LlamaForCausalLM(nn.Module):
         for name, layer in quantized.items():
             layer.build(name)
 
+    def shard(self, hf_name: str) -> tuple[int, int, int] | None:
+        """The slice (dim, lo, hi) of checkpoint tensor `hf_name` that this rank holds, or None
+        for all of it (every tensor without tensor parallelism; norms always)."""
+        tp, cfg = self.tp, self.config
+        if tp.size == 1:
+            return None
+        hd, r = cfg.head_dim, tp.rank
+        nq, nkv = cfg.num_heads // tp.size, tp.kv_heads(cfg.num_kv_heads)
+        inter = cfg.intermediate_size // tp.size
+        kv0 = tp.kv_head_start(cfg.num_kv_heads)
+        rows = {"q_proj": (r * nq * hd, (r + 1) * nq * hd), "k_proj": (kv0 * hd, (kv0 + nkv) * hd),
+                "v_proj": (kv0 * hd, (kv0 + nkv) * hd), "gate_proj": (r * inter, (r + 1) * inter),
+                "up_proj": (r * inter, (r + 1) * inter)}
+        cols = {"o_proj": rows["q_proj"], "down_proj": rows["gate_proj"]}
+        if hf_name in ("model.embed_tokens.weight", "lm_head.weight"):
+            return (0, *tp.vocab_range(cfg.vocab_size))
+        kind = hf_name.split(".")[-2]  # "model.layers.0.self_attn.q_proj.weight" -> "q_proj"
+        if kind in rows:
+            return (0, *rows[kind])
+        if kind in cols and hf_name.endswith(".weight"):
+            return (1, *cols[kind])
+        return None
+
     def linear_parts(self, name: str) -> list[tuple[str, int, int]]:
         """The checkpoint layers fused into our linear `name`: (HF name, first row, rows)."""
-        cfg = self.config
+        cfg, tp = self.config, self.tp
         if name == "lm_head":
             return [("lm_head", 0, cfg.vocab_size)]
-        q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+        q, kv = cfg.num_heads // tp.size * cfg.head_dim, tp.kv_heads(cfg.num_kv_heads) * cfg.head_dim
+        inter = cfg.intermediate_size // tp.size
         fused = {"qkv_proj": [("q_proj", q), ("k_proj", kv), ("v_proj", kv)],
                  "gate_up_proj": [("gate_proj", inter), ("up_proj", inter)]}
         prefix, _, leaf = name.rpartition(".")
@@ -144,9 +196,9 @@ class LlamaForCausalLM(nn.Module):
     def _target(self, hf_name: str) -> tuple[str, int | None, int | None]:
         """Our parameter name for an HF tensor, and the row range it fills in a fused one."""
         name = hf_name.removeprefix("model.")
-        cfg = self.config
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        inter = cfg.intermediate_size
+        cfg, tp = self.config, self.tp
+        q, kv = cfg.num_heads // tp.size * cfg.head_dim, tp.kv_heads(cfg.num_kv_heads) * cfg.head_dim
+        inter = cfg.intermediate_size // tp.size
         fused = {
             "q_proj": ("qkv_proj", 0, q),
             "k_proj": ("qkv_proj", q, q + kv),
