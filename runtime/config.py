@@ -144,9 +144,16 @@ class ServerArgs:
         8, "Speculate only while at most this many requests decode: larger batches are compute-bound, "
         "where verifying K extra tokens a request costs more than the accepted ones save."
     )
+    tp_size: int = _opt(
+        1, "Tensor parallelism: split each layer's heads and MLP columns over this many scheduler "
+        "processes (ranks) in lockstep, over torch.distributed (gloo on CPUs, NCCL on GPUs). On a CPU "
+        "each rank takes an equal share of the cores."
+    )
     log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
 
     def __post_init__(self) -> None:
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:

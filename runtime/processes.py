@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import subprocess
 import sys
 
@@ -30,31 +31,37 @@ class ChildSpec(msgspec.Struct, kw_only=True):
     model_path: str
     tokenizer_path: str
     endpoints: dict[str, str]
+    rank: int = 0  # tensor-parallel rank (the scheduler is rank 0)
+    tp_port: int = 0  # the tensor-parallel process group's rendezvous port on 127.0.0.1
 
 
 class ChildProcesses:
-    """The two child processes of one runtime and the private directory of their sockets.
+    """The child processes of one runtime (scheduler, detokenizer, and with --tp-size N the
+    ranks 1..N-1) and the private directory of their sockets.
 
     Children exit on their own when this process dies.
     """
 
     def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str) -> None:
         self.ipc = IpcDir()
-        self.endpoints = {name: self.ipc.endpoint(name) for name in ENDPOINTS}
+        ranks = [tp_endpoint(r) for r in range(1, args.tp_size)]
+        self.endpoints = {name: self.ipc.endpoint(name) for name in (*ENDPOINTS, *ranks)}
         # The children never see the API key, and get their spec on stdin, not in argv
         # (which every local user can read in the process list).
         self.spec = ChildSpec(args=dataclasses.replace(args, api_key=None, api_key_file=None, admin_api_key_file=None),
-                              model_path=model_path, tokenizer_path=tokenizer_path, endpoints=self.endpoints)
+                              model_path=model_path, tokenizer_path=tokenizer_path, endpoints=self.endpoints,
+                              tp_port=_free_port() if args.tp_size > 1 else 0)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> None:
-        spec = msgspec.json.encode(self.spec)
-        for role in ("scheduler", "detokenizer"):
+        roles = [("scheduler", 0), ("detokenizer", 0)] + [(f"tp rank {r}", r) for r in range(1, self.spec.args.tp_size)]
+        for name, rank in roles:
+            role = "tp_worker" if rank else name
             proc = subprocess.Popen([sys.executable, "-m", "arbor.runtime.processes", role], stdin=subprocess.PIPE)
             assert proc.stdin is not None
-            proc.stdin.write(spec)
+            proc.stdin.write(msgspec.json.encode(msgspec.structs.replace(self.spec, rank=rank)))
             proc.stdin.close()
-            self.procs[role] = proc
+            self.procs[name] = proc
 
     def dead(self) -> str | None:
         """A message naming the first child that has exited, or None while all run."""
@@ -87,18 +94,33 @@ class ChildProcesses:
         self.ipc.close()
 
 
+def tp_endpoint(rank: int) -> str:
+    """The socket name rank `rank` (>= 1) receives rank 0's batches on."""
+    return f"tp{rank}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _main(role: str, raw: bytes) -> None:
     spec = msgspec.json.decode(raw, type=ChildSpec)
     if role == "scheduler":
         from arbor.runtime.scheduler.process import run_scheduler
 
-        run_scheduler(spec.args, spec.model_path, spec.tokenizer_path, spec.endpoints)
+        run_scheduler(spec.args, spec.model_path, spec.tokenizer_path, spec.endpoints, spec.tp_port)
+    elif role == "tp_worker":
+        from arbor.runtime.scheduler.tensor_parallel import run_follower
+
+        run_follower(spec.args, spec.model_path, spec.endpoints, spec.rank, spec.tp_port)
     elif role == "detokenizer":
         from arbor.runtime.detokenizer import run_detokenizer
 
         run_detokenizer(spec.tokenizer_path, spec.endpoints)
     else:
-        raise SystemExit(f"unknown role {role!r}; expected scheduler or detokenizer")
+        raise SystemExit(f"unknown role {role!r}; expected scheduler, detokenizer or tp_worker")
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@ from torch import nn
 
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
 from arbor.runtime.model.models import model_class
-from arbor.runtime.model.parallel import TensorParallel
+from arbor.runtime.model.parallel import SINGLE, TensorParallel
 from arbor.runtime.model.quant.apply import quantize_linears
 
 Shard = Callable[[str], "tuple[int, int, int] | None"]  # HF tensor name -> (dim, lo, hi) to read
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel = TensorParallel()
+def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel = SINGLE
                ) -> tuple[nn.Module, ModelConfig]:
     """Build the model for `path/config.json` (this rank's share of it under tensor
     parallelism) and fill it from its safetensors files, reading only that share."""

@@ -64,3 +64,6 @@ class TensorParallel:
         parts = [torch.empty_like(logits) for _ in range(self.size)]
         dist.all_gather(parts, logits.contiguous())
         return torch.cat(parts, -1)[:, :vocab]
+
+
+SINGLE = TensorParallel()  # one process, the whole model

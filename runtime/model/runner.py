@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from arbor.runtime.model.fused import use_cpu_kernels, use_triton_kernels
 from arbor.runtime.model.hot_head import use_hot_head
 from arbor.runtime.model.loader import load_model
 from arbor.runtime.model.packed import can_pack, pack_linears
-from arbor.runtime.model.parallel import TensorParallel
+from arbor.runtime.model.parallel import SINGLE, TensorParallel
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +59,13 @@ class ModelRunner:
     """Loads the checkpoint, sizes and allocates the KV cache, and runs forward passes."""
 
     def __init__(self, args: ServerArgs, model_path: str, hot_tokens: torch.Tensor | None = None,
-                 tp: TensorParallel = TensorParallel(), num_slots: int | None = None) -> None:
+                 tp: TensorParallel = SINGLE, num_slots: int | None = None) -> None:
         """`hot_tokens`: compute logits for these token ids only (a draft's HotHead). Under
         tensor parallelism, `tp` is this rank and `num_slots` the KV capacity rank 0 chose."""
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.tp = tp
+        self.mirror: Callable[[ForwardBatch], None] | None = None  # rank 0: sends each batch to the other ranks
         self.model, self.config = load_model(model_path, self.dtype, self.device, tp)
         if hot_tokens is not None:
             use_hot_head(self.model, hot_tokens)
@@ -107,6 +109,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
         """Run one step; logits of each request's last new token (and of all, if asked)."""
+        if self.mirror is not None:
+            self.mirror(batch)
         batch.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch)

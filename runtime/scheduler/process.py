@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
+import torch.distributed
 import zmq
 
 from arbor.runtime.config import ServerArgs
@@ -21,25 +22,33 @@ from arbor.runtime.messages import (
     TokenizedGenerateReq,
     ToScheduler,
 )
+from arbor.runtime.model.parallel import SINGLE
 from arbor.runtime.scheduler.scheduler import Scheduler
+from arbor.runtime.scheduler.tensor_parallel import Mirror, init_rank
 
 logger = logging.getLogger("arbor.scheduler")
 IDLE_POLL_MS = 1000
 GRAMMAR_POLL_MS = 2
 
 
-def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoints: dict[str, str]) -> None:
-    """Process entry: load the model, announce readiness, then loop until shut down."""
+def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoints: dict[str, str],
+                  tp_port: int = 0) -> None:
+    """Process entry: load the model, announce readiness, then loop until shut down. With
+    --tp-size N this is rank 0, and `tp_port` the process group's rendezvous port."""
     logging.basicConfig(level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
     ctx = zmq.Context()
     inbox = Puller(ctx, endpoints["scheduler"], ToScheduler)
     out = Pusher(ctx, endpoints["detokenizer"])
+    mirror = Mirror(ctx, endpoints, args.tp_size) if args.tp_size > 1 else None
     try:
-        sched = Scheduler(args, model_path, tokenizer_path)
+        tp = init_rank(args, 0, tp_port) if mirror is not None else SINGLE
+        sched = Scheduler(args, model_path, tokenizer_path, tp, mirror)
     except Exception as exc:  # e.g. a bad checkpoint: the front door reports this message
         _report(ctx, endpoints, exc)
         inbox.close()
         out.close()
+        if mirror is not None:
+            mirror.close()
         ctx.term()  # flushes the report
         raise SystemExit(1) from None
     runner = sched.runner
@@ -58,6 +67,9 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
         sched.close()
         inbox.close()
         out.close()
+        if mirror is not None:
+            mirror.close()
+            torch.distributed.destroy_process_group()
         ctx.term()
 
 

@@ -28,6 +28,7 @@ from arbor.runtime.messages import (
     unpack_ids,
 )
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.parallel import SINGLE, TensorParallel
 from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.model.sampler import Sampler
 from arbor.runtime.scheduler.grammar import GrammarBackend
@@ -36,6 +37,7 @@ from arbor.runtime.scheduler.logits import prepare_logits, prompt_logprobs, toke
 from arbor.runtime.scheduler.policy import order_waiting
 from arbor.runtime.scheduler.req import Req
 from arbor.runtime.scheduler.speculative import make_proposer, verify
+from arbor.runtime.scheduler.tensor_parallel import Mirror
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +51,15 @@ IN_BATCH_SHARE_MIN = 32  # tokens; a request sharing this much with one being pr
 class Scheduler:
     """Owns the ModelRunner, the KV bookkeeping and the waiting / running queues."""
 
-    def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str | None = None) -> None:
+    def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str | None = None,
+                 tp: TensorParallel = SINGLE, mirror: Mirror | None = None) -> None:
+        """Under tensor parallelism this is rank 0: `mirror` sends each forward to the other ranks."""
         self.args = args
         self.tokenizer_path = tokenizer_path or model_path
-        self.runner = ModelRunner(args, model_path)
+        self.runner = ModelRunner(args, model_path, tp=tp)
+        if mirror is not None:
+            mirror.setup(self.runner.kv_pool.num_slots)
+            self.runner.mirror = mirror
         tree = None if args.disable_radix_cache else RadixCache(args.page_size)
         self.tree = tree
         self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, tree)

@@ -16,7 +16,7 @@ from torch import nn
 from arbor.runtime.model.forward_batch import ForwardBatch
 from arbor.runtime.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
-from arbor.runtime.model.parallel import TensorParallel
+from arbor.runtime.model.parallel import SINGLE, TensorParallel
 from arbor.runtime.model.quant.linear import QuantLinear
 
 
@@ -86,7 +86,7 @@ class VocabParallelEmbedding(nn.Embedding):
 class LlamaForCausalLM(nn.Module):
     """Embedding, decoder layers, final norm and LM head."""
 
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel = TensorParallel()) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         tp.check(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
         self.config, self.tp = cfg, tp
