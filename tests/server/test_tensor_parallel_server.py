@@ -10,7 +10,7 @@ import time
 from arbor import Engine
 from tests.server.conftest import start_server, stop_server
 
-PROMPTS = [[5, 17, 99, 3, 250, 8, 8, 41], [7] * 3, list(range(30, 90)), list(range(30, 70)) + [1, 2]]
+PROMPTS = [[5, 17, 99, 3, 250, 8, 8, 41], [7] * 3, list(range(30, 90)), [*range(30, 70), 1, 2]]
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 
 
