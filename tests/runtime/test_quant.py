@@ -170,23 +170,15 @@ def test_gptq_decodes_to_what_inc_dequantizes(name: str) -> None:
     assert layers == 2 * 4  # qkv, o, gate_up, down in each of 2 layers
 
 
-def test_gptq_formats_other_than_v1_and_v2_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "key", "value"), [("gptq", "checkpoint_format", "marlin"), ("awq", "version", "gemv")])
+def test_gptq_and_awq_layouts_arbor_lacks_are_refused(tmp_path: Path, name: str, key: str, value: str) -> None:
+    """GPTQ formats other than v1 and v2, AWQ versions other than GEMM: refused by name."""
     path = tmp_path / "model"
-    shutil.copytree(DATA / "gptq", path)
+    shutil.copytree(DATA / name, path)
     raw = json.loads((path / "config.json").read_text())
-    raw["quantization_config"]["checkpoint_format"] = "marlin"
+    raw["quantization_config"][key] = value
     (path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(CheckpointError, match="'marlin'"):
-        ModelConfig.from_dir(path)
-
-
-def test_awq_versions_other_than_gemm_are_refused(tmp_path: Path) -> None:
-    path = tmp_path / "model"
-    shutil.copytree(DATA / "awq", path)
-    raw = json.loads((path / "config.json").read_text())
-    raw["quantization_config"]["version"] = "gemv"
-    (path / "config.json").write_text(json.dumps(raw))
-    with pytest.raises(CheckpointError, match="'gemv'"):
+    with pytest.raises(CheckpointError, match=f"'{value}'"):
         ModelConfig.from_dir(path)
 
 
