@@ -56,6 +56,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     server_args = ServerArgs.from_cli_args(args)
     setup_logging(server_args)
+    if server_args.dp_size > 1:
+        from arbor.runtime.data_parallel import serve_data_parallel
+
+        return serve_data_parallel(server_args)
     app = create_app(server_args)
     server = uvicorn.Server(uvicorn_config(app, server_args))
     state = app.state.arbor

@@ -149,11 +149,36 @@ class ServerArgs:
         "processes (ranks) in lockstep, over torch.distributed (gloo on CPUs, NCCL on GPUs). On a CPU "
         "each rank takes an equal share of the cores."
     )
+    dp_size: int = _opt(
+        1, "Data parallelism: start this many independent worker servers (each with --tp-size ranks and "
+        "its own radix cache) on free 127.0.0.1 ports, and sglang-router in front of them on --host/--port."
+    )
+    router_policy: str = _opt(
+        "cache_aware", "With --dp-size: how sglang-router picks a worker. cache_aware sends a request where "
+        "the longest prefix of its text was sent before (so a conversation stays where its KV is) unless "
+        "the load is unbalanced.", ("cache_aware", "round_robin", "random", "power_of_two"),
+    )
+    router_cache_threshold: float = _opt(
+        0.3, "With --dp-size and cache_aware: the share of a request's text that must match a worker's "
+        "earlier traffic for the router to follow the match; below it, the least-loaded worker is taken."
+    )
+    router_balance_abs_threshold: int = _opt(
+        64, "With --dp-size and cache_aware: the router ignores cache affinity and picks the least-loaded "
+        "worker once the busiest worker has this many more requests in flight than the idlest "
+        "(and --router-balance-rel-threshold times as many)."
+    )
+    router_balance_rel_threshold: float = _opt(1.5, "With --dp-size and cache_aware: see --router-balance-abs-threshold.")
+    num_threads: int | None = _opt(
+        None, "CPU threads of each rank's forward; empty = torch's default with one rank, the cores split "
+        "evenly between ranks and data-parallel workers otherwise."
+    )
     log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
 
     def __post_init__(self) -> None:
-        if self.tp_size < 1:
-            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.tp_size < 1 or self.dp_size < 1:
+            raise ValueError(f"tp_size and dp_size must be >= 1, got {self.tp_size} and {self.dp_size}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.max_running_requests < 1:
@@ -197,6 +222,21 @@ class ServerArgs:
                 flag, dest=f.name, type=kind, default=f.default,
                 choices=f.metadata.get("choices"), help=help_text,
             )
+
+    def to_cli_args(self, **overrides: Any) -> list[str]:
+        """The flags that rebuild these args with `overrides` applied (defaults left out)."""
+        args = dataclasses.replace(self, **overrides)
+        argv: list[str] = []
+        for f in dataclasses.fields(args):
+            value = getattr(args, f.name)
+            if value == f.default:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if f.type == "bool":
+                argv.append(flag if value else "--no-" + flag[2:])
+            else:
+                argv += [flag, str(value)]
+        return argv
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:

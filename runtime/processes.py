@@ -50,7 +50,7 @@ class ChildProcesses:
         # (which every local user can read in the process list).
         self.spec = ChildSpec(args=dataclasses.replace(args, api_key=None, api_key_file=None, admin_api_key_file=None),
                               model_path=model_path, tokenizer_path=tokenizer_path, endpoints=self.endpoints,
-                              tp_port=_free_port() if args.tp_size > 1 else 0)
+                              tp_port=free_port() if args.tp_size > 1 else 0)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> None:
@@ -99,7 +99,7 @@ def tp_endpoint(rank: int) -> str:
     return f"tp{rank}"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -10,7 +10,8 @@ ranks, each rank keeps the one KV head its q heads read (replicated across ranks
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -18,12 +19,15 @@ import torch.distributed as dist
 from arbor.runtime.model.errors import CheckpointError
 
 
-@dataclass(frozen=True)
+@dataclass
 class TensorParallel:
-    """This process's rank among `size`; size 1 is the single-device model (no collectives)."""
+    """This process's rank among `size`; size 1 is the single-device model (no collectives).
+    `collective_s` adds up the wall time spent in collectives (waits for slower ranks
+    included; on CUDA, NCCL's launch time only)."""
 
     rank: int = 0
     size: int = 1
+    collective_s: float = field(default=0.0, compare=False)
 
     def check(self, num_heads: int, num_kv_heads: int, intermediate: int) -> None:
         """Refuse shapes that do not split evenly across the ranks."""
@@ -54,7 +58,9 @@ class TensorParallel:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place."""
         if self.size > 1:
+            start = time.perf_counter()
             dist.all_reduce(x)
+            self.collective_s += time.perf_counter() - start
         return x
 
     def gather_vocab(self, logits: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -62,7 +68,9 @@ class TensorParallel:
         if self.size == 1:
             return logits
         parts = [torch.empty_like(logits) for _ in range(self.size)]
+        start = time.perf_counter()
         dist.all_gather(parts, logits.contiguous())
+        self.collective_s += time.perf_counter() - start
         return torch.cat(parts, -1)[:, :vocab]
 
 

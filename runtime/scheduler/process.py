@@ -24,7 +24,7 @@ from arbor.runtime.messages import (
 )
 from arbor.runtime.model.parallel import SINGLE
 from arbor.runtime.scheduler.scheduler import Scheduler
-from arbor.runtime.scheduler.tensor_parallel import Mirror, init_rank
+from arbor.runtime.scheduler.tensor_parallel import Mirror, init_rank, share_cores
 
 logger = logging.getLogger("arbor.scheduler")
 IDLE_POLL_MS = 1000
@@ -41,6 +41,7 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
     out = Pusher(ctx, endpoints["detokenizer"])
     mirror = Mirror(ctx, endpoints, args.tp_size) if args.tp_size > 1 else None
     try:
+        share_cores(args)
         tp = init_rank(args, 0, tp_port) if mirror is not None else SINGLE
         sched = Scheduler(args, model_path, tokenizer_path, tp, mirror)
     except Exception as exc:  # e.g. a bad checkpoint: the front door reports this message
@@ -144,4 +145,6 @@ def _stats(sched: Scheduler) -> dict[str, float]:
     values["spec_accept_length"] = 1 + sched.counters["spec_accepted_tokens"] / spec if spec else 0.0
     if sched.tree is not None:
         values["cache_tokens"] = sched.tree.total_size()
+    if sched.runner.tp.size > 1:
+        values["tp_collective_s"] = sched.runner.tp.collective_s
     return values

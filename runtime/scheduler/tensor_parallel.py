@@ -56,10 +56,16 @@ class TpStop(msgspec.Struct, tag=True):
 TpMsg = TpSetup | TpBatch | TpStop
 
 
-def init_rank(args: ServerArgs, rank: int, port: int) -> TensorParallel:
-    """Join the process group, with an equal share of the CPU cores for this rank's torch."""
-    if not torch.cuda.is_available():
+def share_cores(args: ServerArgs) -> None:
+    """Give this rank's torch --num-threads, or with several ranks an equal share of the cores."""
+    if args.num_threads is not None:
+        torch.set_num_threads(args.num_threads)
+    elif args.tp_size > 1 and not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.tp_size))
+
+
+def init_rank(args: ServerArgs, rank: int, port: int) -> TensorParallel:
+    """Join the process group (the caller has set this rank's threads with share_cores)."""
     backend = "nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -122,6 +128,7 @@ def run_follower(args: ServerArgs, model_path: str, endpoints: dict[str, str], r
     inbox = Puller(ctx, endpoints[tp_endpoint(rank)], TpMsg)
     parent = os.getppid()
     try:
+        share_cores(args)
         tp = init_rank(args, rank, port)
         setup = _next(inbox, parent)
         if not isinstance(setup, TpSetup):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -147,6 +148,15 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
     async def server_info() -> Response:
         stats = await state.front().stats()
         return JSONResponse({**state.server_info(), "stats": stats, "inflight": state.inflight})
+
+    @router.get("/get_load")
+    async def get_load() -> Response:
+        """SGLang's load report, one entry per data-parallel rank, which routers poll."""
+        stats = await state.front().stats()
+        waiting = int(stats.get("waiting", 0))
+        used = int(stats.get("total_slots", 0) - stats.get("free_slots", 0))
+        return JSONResponse([{"dp_rank": 0, "num_reqs": int(stats.get("running", 0)) + waiting,
+                              "num_waiting_reqs": waiting, "num_tokens": used, "ts_tic": time.perf_counter()}])
 
     @router.get("/metrics")
     async def metrics() -> Response:

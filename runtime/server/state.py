@@ -110,7 +110,7 @@ class ServerState:
         """What SGLang's /get_server_info reports that routers read (model, sizes, mode)."""
         info = self.front().info
         return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path,
-                "served_model_name": self.model_name, "is_generation": True, "tp_size": 1, "dp_size": 1,
+                "served_model_name": self.model_name, "is_generation": True, "tp_size": self.args.tp_size, "dp_size": 1,
                 "disaggregation_mode": "null", "max_running_requests": self.args.max_running_requests,
                 "max_total_num_tokens": info["max_total_tokens"], "context_length": info["context_length"],
                 "kv_cache_dtype": info["kv_cache_dtype"],

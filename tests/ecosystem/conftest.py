@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import openai
 import pytest
 
 from tests.server.conftest import Server, _free_port, start_server, stop_process, stop_server
@@ -37,6 +38,20 @@ def sglang_server(tiny_model) -> Iterator[Server]:
     server = start_server(str(tiny_model("llama")), "--api-key", KEY)
     yield server
     stop_server(server)
+
+
+def chat_trace(client: openai.OpenAI, model: str, conversations: int = 4, turns: int = 3) -> list[list[int]]:
+    """cached_tokens of every turn of every conversation, turns interleaved across them."""
+    history = [[{"role": "user", "content": f"Conversation {c}: tell me about topic {c * 7}."}]
+               for c in range(conversations)]
+    cached: list[list[int]] = [[] for _ in range(conversations)]
+    for turn in range(turns):
+        for c in range(conversations):
+            reply = client.chat.completions.create(model=model, messages=history[c], max_tokens=12, temperature=0)
+            cached[c].append(reply.usage.prompt_tokens_details.cached_tokens)
+            history[c] += [{"role": "assistant", "content": reply.choices[0].message.content},
+                           {"role": "user", "content": f"Go on about part {turn + 1}."}]
+    return cached
 
 
 def start_router(workers: list[Server], timeout_s: float = 120.0) -> Router:

@@ -9,7 +9,7 @@ import json
 import openai
 import pytest
 
-from tests.ecosystem.conftest import Router
+from tests.ecosystem.conftest import Router, chat_trace
 
 
 @pytest.fixture(scope="module")
@@ -69,28 +69,14 @@ def test_chat_through_the_router_with_and_without_max_tokens(client, router):
     assert bare.usage.prompt_tokens + bare.usage.completion_tokens <= context
 
 
-def _chat_trace(client: openai.OpenAI, model: str, conversations: int = 4, turns: int = 3) -> list[list[int]]:
-    """cached_tokens of every turn of every conversation, turns interleaved across them."""
-    history = [[{"role": "user", "content": f"Conversation {c}: tell me about topic {c * 7}."}]
-               for c in range(conversations)]
-    cached: list[list[int]] = [[] for _ in range(conversations)]
-    for turn in range(turns):
-        for c in range(conversations):
-            reply = client.chat.completions.create(model=model, messages=history[c], max_tokens=12, temperature=0)
-            cached[c].append(reply.usage.prompt_tokens_details.cached_tokens)
-            history[c] += [{"role": "assistant", "content": reply.choices[0].message.content},
-                           {"role": "user", "content": f"Go on about part {turn + 1}."}]
-    return cached
-
-
 def test_multi_turn_chats_keep_their_cache_hits_through_the_router(client, router):
     model = router.workers[0].model
     for w in router.workers:
         w.request("POST", "/flush_cache")
-    through_router = _chat_trace(client, model)
+    through_router = chat_trace(client, model)
     for w in router.workers:
         w.request("POST", "/flush_cache")
     one_worker = openai.OpenAI(base_url=router.workers[0].base_url + "/v1", api_key="none", max_retries=0)
-    alone = _chat_trace(one_worker, model)
+    alone = chat_trace(one_worker, model)
     assert all(hits[1] > 0 for hits in alone)
     assert through_router == alone  # every later turn landed where its conversation's KV was
