@@ -14,12 +14,16 @@ returns it. Calibration: as `quantize.py` (random ids for tiny models).
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from quantize import calibration, write_tiny
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt")
 
 
 def main() -> None:
@@ -52,6 +56,9 @@ def main() -> None:
             model(torch.tensor([ids]))
     model = convert(model)
     save(model, str(args.out), format="huggingface")
+    for name in TOKENIZER_FILES:  # INC saves weights and config only; servers need the tokenizer too
+        if (Path(args.model) / name).exists():
+            shutil.copy(Path(args.model) / name, args.out / name)
     if args.oracle:
         weights = {f"{name}.weight": m.recover().float().contiguous()
                    for name, m in model.named_modules() if isinstance(m, INCWeightOnlyLinear)}
