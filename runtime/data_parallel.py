@@ -30,6 +30,12 @@ WORKER_READY_S = 900.0  # loading a large checkpoint (and compiling CPU kernels)
 ROUTER_READY_S = 120.0
 STOP_GRACE_S = 15.0
 POLL_S = 0.5
+# sglang-router takes its worker key only as --api-key. It is added to sys.argv inside the
+# router's process, so /proc/PID/cmdline (readable by every local user) never shows it.
+ROUTER_MAIN = ("import os, runpy, sys\n"
+               "key = os.environ.pop('ARBOR_ROUTER_API_KEY', None)\n"
+               "sys.argv[1:] += ['--api-key', key] if key else []\n"
+               "runpy.run_module('sglang_router.launch_router', run_name='__main__')")
 ROUTER_LOG_LEVEL = {"debug": "debug", "info": "info", "warning": "warn", "error": "error"}
 
 
@@ -110,16 +116,17 @@ def _start(args: ServerArgs, fleet: Fleet, stopped: Callable[[], int]) -> str | 
         reason = _wait(fleet, url + "/health", WORKER_READY_S, stopped)
         if reason is not None:
             return reason
-    router = [sys.executable, "-m", "sglang_router.launch_router", "--host", args.host, "--port", str(args.port),
+    router = [sys.executable, "-c", ROUTER_MAIN, "--host", args.host, "--port", str(args.port),
               "--policy", args.router_policy, "--cache-threshold", str(args.router_cache_threshold),
               "--balance-abs-threshold", str(args.router_balance_abs_threshold),
               "--balance-rel-threshold", str(args.router_balance_rel_threshold),
               "--log-level", ROUTER_LOG_LEVEL[args.log_level],
               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
               "--worker-urls", *fleet.urls]
-    if args.api_key:
-        router += ["--api-key", args.api_key]  # what the router sends the workers
-    fleet.router = _spawn(router, env)
+    router_env = dict(os.environ)
+    if args.api_key:  # what the router sends the workers
+        router_env["ARBOR_ROUTER_API_KEY"] = args.api_key
+    fleet.router = _spawn(router, router_env)
     return _wait(fleet, f"http://{_local(args.host)}:{args.port}/v1/models", ROUTER_READY_S, stopped, args.api_key)
 
 

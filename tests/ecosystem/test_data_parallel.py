@@ -59,6 +59,8 @@ def test_two_workers_each_with_half_the_cores(fleet):
         assert cmd[cmd.index("--num-threads") + 1] == str(max(1, psutil.cpu_count() // 2))
         assert "--host" not in cmd  # the default, 127.0.0.1: workers are reached through the router only
         assert KEY not in " ".join(cmd)  # the key travels in the environment
+    router = [p for p in psutil.Process(fleet.proc.pid).children() if p not in workers]
+    assert len(router) == 1 and KEY not in " ".join(router[0].cmdline())
 
 
 def test_the_key_is_required_at_the_front(fleet):

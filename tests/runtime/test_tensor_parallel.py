@@ -1,7 +1,8 @@
 """Tensor parallelism over gloo: two ranks in real processes give the single-process model's
 fp32 logits (within 1e-5 of the peak) and greedy tokens, for MHA, GQA with 2 and 1 KV heads
 (1: the head replicated on both ranks), tied and untied LM heads, over an odd vocabulary
-(50,257 ids: the last rank's slice is padded)."""
+(50,257 ids: the last rank's slice is padded); and the ranks on the triton backend (Triton's
+interpreter here) against the single process on torch."""
 
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ def _logits(runner: ModelRunner) -> torch.Tensor:
     return runner.forward(batch).all_logits.float()
 
 
-def _rank(rank: int, size: int, port: int, path: str, out: str) -> None:
+def _rank(rank: int, size: int, port: int, path: str, out: str, backend: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=size)
     try:
-        runner = ModelRunner(ServerArgs(dtype="float32", max_total_tokens=SLOTS), path,
+        runner = ModelRunner(ServerArgs(dtype="float32", max_total_tokens=SLOTS, attention_backend=backend), path,
                              tp=TensorParallel(rank, size), num_slots=SLOTS)
         logits = _logits(runner)
         if rank == 0:
@@ -56,13 +57,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize(("kv_heads", "tied"), [(4, False), (2, True), (1, False)])
-def test_two_ranks_match_one(tmp_path: Path, kv_heads: int, tied: bool) -> None:
+@pytest.mark.parametrize(("kv_heads", "tied", "backend"),
+                         [(4, False, "torch"), (2, True, "torch"), (1, False, "torch"), (2, False, "triton")])
+def test_two_ranks_match_one(tmp_path: Path, kv_heads: int, tied: bool, backend: str) -> None:
     path = make_tiny_model(tmp_path / "model", TinySpec(layers=2, hidden=64, heads=4, kv_heads=kv_heads,
                                                         intermediate=96, tie_word_embeddings=tied))
     single = _logits(ModelRunner(ServerArgs(dtype="float32", max_total_tokens=SLOTS), str(path), num_slots=SLOTS))
     out = tmp_path / "tp2.safetensors"
-    mp.start_processes(_rank, args=(2, _free_port(), str(path), str(out)), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank, args=(2, _free_port(), str(path), str(out), backend), nprocs=2, start_method="spawn")
     split = load_file(out)["logits"]
     assert split.shape == single.shape == (sum(map(len, PROMPTS)), 50257)
     peak = single.abs().max().item()

@@ -1,9 +1,10 @@
 """--tp-size 2 end to end, in real processes over gloo: the Engine and `arbor serve` (native
-and OpenAI APIs) give the single-process greedy tokens with cache hits, chunked prefill and
-a pool small enough to retract; killing a rank makes the server exit non-zero, naming it."""
+and OpenAI APIs) give the single-process greedy tokens with cache hits, chunked prefill, a
+regex constraint and a pool small enough to retract; killing a rank makes the server exit non-zero, naming it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -12,6 +13,7 @@ from tests.server.conftest import start_server, stop_server
 
 PROMPTS = [[5, 17, 99, 3, 250, 8, 8, 41], [7] * 3, list(range(30, 90)), [*range(30, 70), 1, 2]]
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+REGEX = r"[0-9]{3}-[a-z]{2}"
 
 
 def _engine_outputs(path: str, tp: int) -> list[list[int]]:
@@ -19,7 +21,11 @@ def _engine_outputs(path: str, tp: int) -> list[list[int]]:
         batch = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
         again = engine.generate(input_ids=PROMPTS[3], sampling_params=GREEDY)  # a radix-cache hit
         assert again["meta_info"]["cached_tokens"] > 0
-        return [*batch, again["output_ids"]]
+        # Grammar masks are applied once, to rank 0's gathered logits.
+        constrained = engine.generate(prompt="Code:", sampling_params={"regex": REGEX, "max_new_tokens": 16,
+                                                                       "temperature": 0})
+        assert re.fullmatch(REGEX, constrained["text"])
+        return [*batch, again["output_ids"], constrained["output_ids"]]
 
 
 def test_engine_with_two_ranks_matches_one(tiny_model) -> None:
