@@ -168,6 +168,25 @@ class ServerArgs:
         "(and --router-balance-rel-threshold times as many)."
     )
     router_balance_rel_threshold: float = _opt(1.5, "With --dp-size and cache_aware: see --router-balance-abs-threshold.")
+    disaggregation_mode: str = _opt(
+        "null", "Prefill/decode disaggregation (behind sglang-router --pd-disaggregation). prefill = compute "
+        "each prompt's KV, write it into the decode worker's pool and answer with the first token; decode = "
+        "take each request's prompt KV from the prefill worker its bootstrap fields name, then decode; "
+        "null = a normal worker.", ("null", "prefill", "decode"),
+    )
+    disaggregation_transfer_backend: str = _opt(
+        "nixl", "How KV moves between prefill and decode workers: nixl (NIXL, UCX backend: host or GPU "
+        "memory, RDMA where present). mooncake is SGLang's other engine; Arbor refuses it with a message.",
+        ("nixl", "mooncake"),
+    )
+    disaggregation_bootstrap_port: int = _opt(
+        8998, "With --disaggregation-mode prefill: the TCP port (on --host) where decode workers ask for KV; "
+        "give the router the same port (--prefill URL PORT)."
+    )
+    disaggregation_timeout_s: float = _opt(
+        30.0, "Longest a disaggregated request waits for its partner: the decode worker for the KV, the "
+        "prefill worker for the decode worker's pull; then it ends with an error on that side."
+    )
     num_threads: int | None = _opt(
         None, "CPU threads of each rank's forward; empty = torch's default with one rank, the cores split "
         "evenly between ranks and data-parallel workers otherwise."
@@ -201,6 +220,12 @@ class ServerArgs:
             raise ValueError("--speculative-token-map applies to --speculative-algorithm draft only")
         if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:
             raise ValueError("need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match")
+        if self.disaggregation_mode != "null":
+            if self.tp_size > 1 or self.dp_size > 1 or self.speculative_algorithm:
+                raise ValueError("--disaggregation-mode runs one worker per process: start each prefill and "
+                                 "decode worker on its own, without --tp-size, --dp-size or speculative decoding")
+            if self.disaggregation_timeout_s <= 0:
+                raise ValueError("disaggregation_timeout_s must be > 0")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
 

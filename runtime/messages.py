@@ -78,6 +78,15 @@ class OutputOptions(msgspec.Struct, kw_only=True, frozen=True):
 # ------------------------------------------------------------ front -> scheduler
 
 
+class Bootstrap(msgspec.Struct, kw_only=True, frozen=True):
+    """Where a disaggregated request's KV comes from: the prefill worker's bootstrap socket and
+    the room (sglang-router's bootstrap_host, bootstrap_port, bootstrap_room) pairing the two halves."""
+
+    host: str
+    port: int
+    room: int
+
+
 class TokenizedGenerateReq(_Msg):
     """One generation request, tokenized. `n` samples share one prefill of the prompt."""
 
@@ -92,6 +101,7 @@ class TokenizedGenerateReq(_Msg):
     cache_salt: str | None = None
     output: OutputOptions = OutputOptions()
     constraint: Constraint | None = None  # regex / json_schema / choices / json_object
+    bootstrap: Bootstrap | None = None  # prefill/decode disaggregation
 
 
 class AbortReq(_Msg):

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-PER_PROMPT = ("return_logprob", "logprob_start_len", "top_logprobs_num", "rid")
+from arbor.runtime.messages import Bootstrap
+
+PER_PROMPT = ("return_logprob", "logprob_start_len", "top_logprobs_num", "rid", "bootstrap")
 
 
 @dataclass
@@ -27,6 +29,7 @@ class GenerateInput:
     cache_salt: str | None = None
     rid: str | None = None
     owner: str | None = None  # the tenant (API key) that sent it; rids are per owner
+    bootstrap: Bootstrap | None = None  # prefill/decode disaggregation: sglang-router's bootstrap fields
 
 
 def split_batch(text: Any, input_ids: Any, sampling_params: Any, **options: Any) -> tuple[list[GenerateInput], bool]:
@@ -67,3 +70,31 @@ def _per_prompt(name: str, value: Any, count: int, single: bool) -> list[Any]:
     if name == "rid" and value is not None and not single:
         raise ValueError(f"rid must be a list with one string per prompt ({count} prompts)")
     return [value] * count
+
+
+def bootstrap_of(host: Any, port: Any, room: Any) -> Bootstrap | list[Bootstrap] | None:
+    """The disaggregation fields sglang-router adds to a request (all three or none); lists
+    give one per prompt of a batch. Raises ValueError naming what to change."""
+    values = [host, port, room]
+    if all(v is None for v in values):
+        return None
+    if any(v is None for v in values):
+        raise ValueError("bootstrap_host, bootstrap_port and bootstrap_room come together (sglang-router "
+                         "--pd-disaggregation sends all three); give all or none")
+    count = max((len(v) for v in values if isinstance(v, list)), default=0)
+    if not count:
+        return _bootstrap(host, port, room)
+    spread = [v if isinstance(v, list) else [v] * count for v in values]
+    if any(len(v) != count for v in spread):
+        raise ValueError("bootstrap_host, bootstrap_port and bootstrap_room lists must have one entry per prompt")
+    return [_bootstrap(*one) for one in zip(*spread)]
+
+
+def _bootstrap(host: Any, port: Any, room: Any) -> Bootstrap:
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"bootstrap_host must be a host name or address, got {host!r}")
+    if type(port) is not int or not 0 < port < 65536:
+        raise ValueError(f"bootstrap_port must be a TCP port (1-65535), got {port!r}")
+    if type(room) is not int or not 0 <= room < 2**64:
+        raise ValueError(f"bootstrap_room must be an integer in [0, 2**64), got {room!r}")
+    return Bootstrap(host=host, port=port, room=room)

@@ -49,8 +49,10 @@ MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_CHARS = 256
 MAX_STOP_REGEX_WIDTH = 256  # a longer stop regex match may be partly streamed before it is found
-DEFAULT_MAX_NEW_TOKENS = 128
-REFUSALS = (400, 429)  # abort status codes that mean "the request was refused", not "it failed"  # SGLang's native default; OpenAI's "absent" is None (the context)
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's native default; OpenAI's "absent" is None (the context)
+# Abort status codes answered as an HTTP error rather than a finish reason: the request was
+# refused (400, 429), or its disaggregated partner or KV transfer failed (502, 503, 504).
+REFUSALS = (400, 429, 502, 503, 504)
 
 
 class EngineDead(RuntimeError):
@@ -59,7 +61,8 @@ class EngineDead(RuntimeError):
 
 class RequestRefused(ValueError):
     """The engine ended a request because of the request itself (a constraint that does not
-    compile, 400) or a busy queue (429, retry); routes answer with `status`."""
+    compile, 400), a busy queue (429, retry), or a failed KV transfer between disaggregated
+    workers (502, 503, 504); routes answer with `status`."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
@@ -157,6 +160,10 @@ class TokenizerManager:
     def prepare(self, req: GenerateInput) -> Prepared:
         """Validate and tokenize one prompt; raises ValueError naming what to change."""
         self._check_alive()
+        if self.args.disaggregation_mode == "decode" and req.bootstrap is None:
+            raise ValueError("this is a decode worker (--disaggregation-mode decode): send requests through "
+                             "sglang-router --pd-disaggregation, which adds bootstrap_host, bootstrap_port and "
+                             "bootstrap_room")
         ids = self._tokenize(req)
         raw = req.sampling_params
         if raw is not None and not isinstance(raw, dict):
@@ -175,6 +182,7 @@ class TokenizerManager:
             rid=rid, input_ids=pack_ids(ids), sampling=params, n=n, stream=req.stream,
             return_logprob=req.return_logprob, logprob_start_len=start, top_logprobs_num=req.top_logprobs_num,
             cache_salt=req.cache_salt, output=output, constraint=constraint,
+            bootstrap=req.bootstrap if self.args.disaggregation_mode != "null" else None,
         )
         unenforced = plan(constraint).unenforced if constraint is not None else []
         return Prepared(msg, rids, ids, req.return_text_in_logprobs, unenforced, interval, label, req.owner)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from array import array
 
+import numpy as np
 import torch
 
 from arbor.radix.cache import RadixCache
@@ -89,6 +90,10 @@ class KVManager:
         for r, e in zip(reqs, ends):
             r.mapped_len = max(r.mapped_len, _ceil(e, self.page))
         return loc
+
+    def slots(self, req: Req, start: int, end: int) -> np.ndarray:
+        """The KV slots of positions [start, end) of an attached request."""
+        return self.req_to_token.table[req.row, start:end].cpu().numpy()
 
     def truncate(self, req: Req, length: int) -> None:
         """Unmap positions from `length` on (rejected speculative guesses), freeing the pages

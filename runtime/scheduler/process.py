@@ -92,7 +92,7 @@ def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int) -> None:
             msg = inbox.recv(timeout_ms=GRAMMAR_POLL_MS)
             msgs = [] if msg is None else [msg, *inbox.drain()]
         else:
-            msgs = _wait(inbox, parent)
+            msgs = _wait(inbox, parent, sched.wake_sockets())
         if msgs is None:
             return
         outs = []
@@ -120,12 +120,18 @@ def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int) -> None:
                 logger.error("INVARIANT VIOLATED: %s", problem)
 
 
-def _wait(inbox: Puller, parent: int) -> list | None:
-    """Block until messages arrive; None once the parent process is gone."""
+def _wait(inbox: Puller, parent: int, others: list[zmq.Socket]) -> list | None:
+    """Block until messages arrive (an empty list when only `others`, the scheduler's own
+    sockets, have some); None once the parent process is gone."""
+    poller = zmq.Poller()
+    for sock in (inbox.sock, *others):
+        poller.register(sock, zmq.POLLIN)
     while True:
-        msg = inbox.recv(timeout_ms=IDLE_POLL_MS)
-        if msg is not None:
-            return [msg, *inbox.drain()]
+        ready = dict(poller.poll(IDLE_POLL_MS))
+        if inbox.sock in ready:
+            return inbox.drain()
+        if ready:
+            return []
         if os.getppid() != parent:
             return None
 

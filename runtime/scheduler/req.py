@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arbor.radix.node import TreeNode
-from arbor.runtime.messages import FinishReason, OutputOptions
+from arbor.runtime.messages import Bootstrap, FinishReason, OutputOptions
 from arbor.runtime.sampling_params import SamplingParams
 
 
@@ -53,6 +53,7 @@ class Req:
     constraint: Any = None  # grammar.Constraint of a constrained request
     grammar_future: Any = None  # Future of its CompiledGrammar while it compiles
     matcher: Any = None  # grammar.GrammarMatcher once compiled
+    bootstrap: Bootstrap | None = None  # prefill/decode disaggregation: the KV's source and room
 
     @property
     def seq_len(self) -> int:

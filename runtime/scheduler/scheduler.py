@@ -10,13 +10,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import msgspec
 import numpy as np
 import torch
+import zmq
 
 from arbor.grammar.compiler import GrammarBusy
 from arbor.radix.cache import RadixCache
 from arbor.radix.key import TOKEN_BYTES, common_prefix_bytes, to_key
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.disaggregation.decode import DecodeReceiver
+from arbor.runtime.disaggregation.prefill import PrefillSender
 from arbor.runtime.messages import (
     FinishAbort,
     FinishLength,
@@ -78,7 +82,12 @@ class Scheduler:
         self.counters = {"prefill_steps": 0, "decode_steps": 0, "retractions": 0, "prompt_tokens": 0,
                          "cached_tokens": 0, "generated_tokens": 0, "forced_tokens": 0, "failed_batches": 0,
                          "spec_verify_steps": 0, "spec_request_steps": 0, "spec_draft_tokens": 0,
-                         "spec_accepted_tokens": 0}
+                         "spec_accepted_tokens": 0, "kv_transfers": 0, "kv_transfer_bytes": 0,
+                         "kv_transfer_seconds": 0.0, "kv_transfer_failures": 0}
+        mode, pool = args.disaggregation_mode, self.runner.kv_pool
+        self.zmq = zmq.Context() if mode != "null" else None
+        self.sender = PrefillSender(args, self.kv, pool, self.zmq, self.counters) if mode == "prefill" else None
+        self.receiver = DecodeReceiver(args, self.kv, pool, self.zmq, self.counters) if mode == "decode" else None
 
     # -------------------------------------------------------------- intake
 
@@ -93,13 +102,27 @@ class Scheduler:
             self._arrivals += 1
             # Seeded n > 1: sample i draws from seed + i, so the samples differ yet reproduce.
             own = params if params.seed is None or i == 0 else dataclasses.replace(params, seed=params.seed + i)
+            # Disaggregated n > 1: sample i's KV travels in room + i, on both workers.
+            boot = msg.bootstrap
+            if boot is not None and i:
+                boot = msgspec.structs.replace(boot, room=(boot.room + i) % 2**64)
             req = Req(rid, ids, own, group=msg.rid, stream=msg.stream, return_logprob=msg.return_logprob,
                       logprob_start=msg.logprob_start_len if msg.return_logprob else -1,
                       top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
                       cache_salt=msg.cache_salt, output=msg.output, arrival=self._arrivals,
-                      constraint=msg.constraint, grammar_future=future)
-            (self.compiling if future is not None else self.waiting).append(req)
+                      constraint=msg.constraint, grammar_future=future, bootstrap=boot)
+            if future is not None:
+                self.compiling.append(req)
+            else:
+                self._enqueue(req)
         return []
+
+    def _enqueue(self, req: Req) -> None:
+        """Queue a request to prefill here, or (decode worker) to receive its prompt's KV."""
+        if self.receiver is not None and req.bootstrap is not None:
+            self.receiver.add(req)
+        else:
+            self.waiting.append(req)
 
     def _grammar(self) -> GrammarBackend:
         if self.grammar is None:
@@ -130,14 +153,19 @@ class Scheduler:
             if req.finish_reason is not None:
                 outs.append(self._out(req))
             else:
-                self.waiting.append(req)
+                self._enqueue(req)
         self.compiling = still
         return outs
 
     def close(self) -> None:
-        """Stop the grammar compile workers."""
+        """Stop the grammar compile workers and the KV transfer sockets."""
         if self.grammar is not None:
             self.grammar.close()
+        for part in (self.sender, self.receiver):
+            if part is not None:
+                part.close()
+        if self.zmq is not None:
+            self.zmq.term()
 
     def abort(self, rid: str) -> list[ReqOut]:
         """End the request with exactly this rid (or, for n > 1, its samples) and free its KV now."""
@@ -146,6 +174,10 @@ class Scheduler:
             if rid in (req.rid, req.group):
                 req.finish_reason = FinishAbort(message="aborted", status_code=499)
                 outs.append(self._finish(req))
+        if self.sender is not None:
+            outs += self.sender.abort(rid, self._finish)
+        if self.receiver is not None:
+            outs += [self._out(r) for r in self.receiver.abort(rid)]
         return outs
 
     def flush_cache(self) -> None:
@@ -158,7 +190,17 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.busy or self.compiling)
+        return bool(self.busy or self.compiling or self.transferring)
+
+    def wake_sockets(self) -> list[zmq.Socket]:
+        """Sockets besides the inbox whose messages need a step (a prefill worker's bootstrap port)."""
+        return [self.sender.sock] if self.sender is not None else []
+
+    @property
+    def transferring(self) -> bool:
+        """Whether disaggregated requests wait for a KV transfer (sent or received)."""
+        return bool((self.sender is not None and self.sender.busy)
+                    or (self.receiver is not None and self.receiver.busy))
 
     @property
     def busy(self) -> bool:
@@ -173,6 +215,8 @@ class Scheduler:
         If building or running the batch raises, only that batch's requests end (with the
         error); the scheduler goes on with every other request."""
         outs = self._grammars_ready() if self.compiling else []
+        if self.transferring:
+            outs += self._transfers()
         batch = self._prefill_batch()
         reqs = [r for r, _ in batch] if batch else list(self.running)
         sent = [r.sent_ids for r in reqs]
@@ -207,6 +251,26 @@ class Scheduler:
         problem = self.check_invariant()
         if problem:
             logger.error("INVARIANT VIOLATED after a failed batch: %s", problem)
+        return outs
+
+    def _transfers(self) -> list[ReqOut]:
+        """Disaggregation: a prefill worker answers pulls and ends requests whose KV went out;
+        a decode worker pulls KV for queued requests and starts those whose KV came in, with
+        the prefill worker's first token."""
+        if self.sender is not None:
+            return self.sender.poll(self._finish)
+        assert self.receiver is not None
+        r = self.receiver
+        room = self.args.max_running_requests - len(self.running) - r.in_flight
+        ended = r.pull(room)
+        arrived, failed = r.poll()
+        outs = [self._out(q) for q in ended + failed]
+        for req, token in arrived:
+            self._commit(req, token, None, 0)
+            self.counters["generated_tokens"] += 1
+            self._emit(req, outs)
+            if req.finish_reason is None:
+                self.running.append(req)
         return outs
 
     def _prefill_batch(self) -> list[tuple[Req, int]]:
@@ -486,8 +550,13 @@ class Scheduler:
         return len(req.output_ids) != length or req.output_ids[-1] != tok
 
     def _emit(self, req: Req, outs: list[ReqOut]) -> None:
-        """After a step: the request's final output, or its progress if someone reads it."""
-        if req.finish_reason is not None:
+        """After a step: the request's final output, or its progress if someone reads it. A
+        prefill worker's disaggregated request ends at its first token and waits for its
+        KV to reach the decode worker."""
+        if self.sender is not None and req.bootstrap is not None and not isinstance(req.finish_reason, FinishAbort):
+            req.finish_reason = req.finish_reason or FinishLength(length=len(req.output_ids))
+            self.sender.hold(req)
+        elif req.finish_reason is not None:
             outs.append(self._finish(req))
         elif req.stream or req.output.scans_text:
             outs.append(self._out(req))

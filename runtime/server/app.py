@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.outputs import GenerateOutput, StreamShaper
-from arbor.runtime.request import GenerateInput, split_batch
+from arbor.runtime.request import GenerateInput, bootstrap_of, split_batch
 from arbor.runtime.server.auth import Keys
 from arbor.runtime.server.chat import role_markers
 from arbor.runtime.server.errors import ApiError
@@ -104,7 +104,8 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
                 body.text, body.input_ids, body.sampling_params, stream=body.stream, rid=body.rid,
                 return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
                 top_logprobs_num=body.top_logprobs_num, return_text_in_logprobs=body.return_text_in_logprobs,
-                cache_salt=state.salt(caller, body.cache_salt, _one_key(body.extra_key)), owner=caller.tenant)
+                cache_salt=state.salt(caller, body.cache_salt, _one_key(body.extra_key)), owner=caller.tenant,
+                bootstrap=bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room))
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if body.stream and not single:

@@ -67,6 +67,13 @@ class Metrics:
                               registry=r)
         self.spec_accept = Gauge("arbor_spec_accept_length", "Speculative decoding: mean tokens a request "
                                  "commits per verify step (1 + accepted guesses; 0 before any).", registry=r)
+        # Prefill/decode disaggregation, totals since start: KV a prefill worker sent, or a decode
+        # worker received (its seconds run from the pull to the KV's arrival, prefill included).
+        self.transfers = {name: Gauge(f"arbor_{name}", text, registry=r) for name, text in (
+            ("kv_transfers", "KV transfers finished (sent or received)."),
+            ("kv_transfer_bytes", "Bytes of KV sent to decode workers, or received from prefill workers."),
+            ("kv_transfer_seconds", "Seconds KV transfers took, summed; divided by kv_transfers, the mean."),
+            ("kv_transfer_failures", "KV transfers that failed, timed out or were refused."))}
 
     async def timed(self, outputs: AsyncIterator[GenerateOutput], streamed: bool) -> AsyncIterator[GenerateOutput]:
         """Pass outputs through, observing latencies and counting tokens of finished samples.
@@ -122,4 +129,6 @@ class Metrics:
                                   (self.spec_accept, self.sgl.spec_accept, stats.get("spec_accept_length", 0))):
             arbor.set(value)
             sgl.labels(model).set(value)
+        for name, gauge in self.transfers.items():
+            gauge.set(stats.get(name, 0))
         return generate_latest(self.registry)

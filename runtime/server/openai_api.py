@@ -11,9 +11,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from arbor.runtime.messages import FinishAbort, FinishLength, FinishStop
+from arbor.runtime.messages import Bootstrap, FinishAbort, FinishLength, FinishStop
 from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
-from arbor.runtime.request import GenerateInput
+from arbor.runtime.request import GenerateInput, bootstrap_of
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from arbor.runtime.server.state import ServerState, caller_of, read_body, sse
@@ -49,7 +49,8 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         caller = caller_of(request)
         salt = state.salt(caller, body.cache_salt, body.extra_key)
         rid = body.rid if len(prompts) == 1 else None
-        inputs = [_input(p, params, body.stream, k, salt, rid, caller.tenant) for p in prompts]
+        boot = _bootstrap(body, len(prompts))
+        inputs = [_input(p, params, body.stream, k, salt, rid, caller.tenant, boot) for p in prompts]
         prepared = await state.prepare(inputs)
         meta = _Meta("cmpl", state.model_name)
         if body.stream:
@@ -84,7 +85,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         k = (top or 0) if body.logprobs else None
         caller = caller_of(request)
         one = _input(ids, params, body.stream, k, state.salt(caller, body.cache_salt, body.extra_key), body.rid,
-                     caller.tenant)
+                     caller.tenant, _bootstrap(body, 1))
         prepared = await state.prepare([one])
         meta = _Meta("chatcmpl", state.model_name)
         if body.stream:
@@ -160,11 +161,23 @@ def _constraint(**kinds: str | None) -> dict[str, Any]:
 
 
 def _input(prompt: Any, params: dict[str, Any], stream: bool, k: int | None, salt: str | None,
-           rid: str | None, owner: str | None) -> GenerateInput:
+           rid: str | None, owner: str | None, boot: Bootstrap | None) -> GenerateInput:
     text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
     return GenerateInput(text=text, input_ids=ids, sampling_params=dict(params), stream=stream,
                          return_logprob=k is not None, top_logprobs_num=k or 0,
-                         return_text_in_logprobs=k is not None, cache_salt=salt, rid=rid, owner=owner)
+                         return_text_in_logprobs=k is not None, cache_salt=salt, rid=rid, owner=owner,
+                         bootstrap=boot)
+
+
+def _bootstrap(body: Any, prompts: int) -> Bootstrap | None:
+    """The request's disaggregation fields (sglang-router --pd-disaggregation adds them)."""
+    try:
+        boot = bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+    if boot is not None and (isinstance(boot, list) or prompts > 1):
+        raise ApiError(400, "a disaggregated request carries one prompt; send one request per prompt")
+    return boot
 
 
 def _message(m: Any) -> dict[str, Any]:

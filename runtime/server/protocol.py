@@ -55,8 +55,8 @@ _GENERATE_DEFAULT_ONLY = (
     "sampling_logprobs_mode", "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs",
     "return_flat_raw_top_logprobs_b64", "return_hidden_states", "return_routed_experts",
     "routed_experts_start_len", "return_indexer_topk", "modalities", "session_params", "lora_path", "lora_id",
-    "custom_logit_processor", "positional_embed_overrides", "bootstrap_host", "bootstrap_port",
-    "bootstrap_room", "bootstrap_pair_key", "decode_tp_size", "routed_dp_rank", "data_parallel_rank",
+    "custom_logit_processor", "positional_embed_overrides", "bootstrap_pair_key", "decode_tp_size",
+    "routed_dp_rank", "data_parallel_rank",
     "disagg_prefill_dp_rank", "http_worker_ipc", "background", "require_reasoning", "max_thinking_tokens",
     "return_bytes", "return_entropy", "return_prompt_token_ids", "need_wait_for_mm_inputs",
     "num_items_assigned", "encoder_urls", "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch",
@@ -162,8 +162,7 @@ _OPENAI_DEFAULT_ONLY = (
     "logit_bias", "return_hidden_states", "return_routed_experts", "routed_experts_start_len",
     "return_cached_tokens_details", "return_spec_tokens_details", "return_token_ids", "ebnf", "lora_path",
     "session_id", "session_params", "custom_params", "custom_logit_processor", "watermark", "images_config",
-    "mm_processor_kwargs", "data_parallel_rank", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-    "routed_dp_rank", "disagg_prefill_dp_rank",
+    "mm_processor_kwargs", "data_parallel_rank", "routed_dp_rank", "disagg_prefill_dp_rank",
 )
 
 

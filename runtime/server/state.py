@@ -111,7 +111,7 @@ class ServerState:
         info = self.front().info
         return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path,
                 "served_model_name": self.model_name, "is_generation": True, "tp_size": self.args.tp_size, "dp_size": 1,
-                "disaggregation_mode": "null", "max_running_requests": self.args.max_running_requests,
+                "disaggregation_mode": self.args.disaggregation_mode, "max_running_requests": self.args.max_running_requests,
                 "max_total_num_tokens": info["max_total_tokens"], "context_length": info["context_length"],
                 "kv_cache_dtype": info["kv_cache_dtype"],
                 "version": version("arbor")}

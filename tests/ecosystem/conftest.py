@@ -54,12 +54,18 @@ def chat_trace(client: openai.OpenAI, model: str, conversations: int = 4, turns:
     return cached
 
 
-def start_router(workers: list[Server], timeout_s: float = 120.0) -> Router:
-    """sglang-router with the cache_aware policy on 127.0.0.1; ready once it lists the model."""
+def start_router(workers: list[Server], timeout_s: float = 120.0,
+                 pd: tuple[Server, int, Server] | None = None) -> Router:
+    """sglang-router with the cache_aware policy on 127.0.0.1; ready once it lists the model.
+    With `pd` = (prefill worker, its bootstrap port, decode worker): PD-disaggregation mode."""
     port = _free_port()
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
            "--policy", "cache_aware", "--log-level", "warn", "--prometheus-host", "127.0.0.1",
-           "--prometheus-port", str(_free_port()), "--worker-urls", *[w.base_url for w in workers]]
+           "--prometheus-port", str(_free_port())]
+    if pd is None:
+        cmd += ["--worker-urls", *[w.base_url for w in workers]]
+    else:
+        cmd += ["--pd-disaggregation", "--prefill", pd[0].base_url, str(pd[1]), "--decode", pd[2].base_url]
     proc = subprocess.Popen(cmd)
     router = Router(proc, f"http://127.0.0.1:{port}", workers)
     deadline = time.monotonic() + timeout_s

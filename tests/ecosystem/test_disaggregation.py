@@ -1,0 +1,216 @@
+"""Prefill/decode disaggregation behind the unmodified sglang-router (`--pd-disaggregation`):
+one prefill and one decode worker, the KV moved by NIXL (UCX, host memory). Outputs equal a
+single worker's; the decode worker caches what it received; a failed, aborted or orphaned
+transfer ends its request with a clear error and leaks no slot on either side."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import re
+import signal
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.ecosystem.conftest import KEY, start_router, stop_router
+from tests.server.conftest import Server, _free_port, start_server, stop_process, stop_server
+
+pytest.importorskip("nixl")
+TIMEOUT_S = 4  # --disaggregation-timeout-s of the workers here
+
+
+def _pair(model: str, *prefill_extra: str) -> tuple[Server, Server, int]:
+    port = _free_port()
+    common = ("--enable-cache-report", "--disaggregation-timeout-s", str(TIMEOUT_S))
+    prefill = start_server(model, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port),
+                           *common, *prefill_extra)
+    try:
+        decode = start_server(model, "--disaggregation-mode", "decode", *common)
+    except BaseException:
+        stop_server(prefill)
+        raise
+    return prefill, decode, port
+
+
+@pytest.fixture(scope="module")
+def pd(tiny_model) -> Iterator[tuple[Server, Server, Server]]:
+    """(router, prefill, decode); the prefill worker chunks prompts at 16 tokens."""
+    prefill, decode, port = _pair(str(tiny_model("llama")), "--chunked-prefill-size", "16")
+    try:
+        router = start_router([prefill], pd=(prefill, port, decode))
+    except BaseException:
+        stop_server(prefill)
+        stop_server(decode)
+        raise
+    yield router.front, prefill, decode
+    stop_router(router)
+    stop_server(prefill)
+    stop_server(decode)
+
+
+def _generate(server: Server, body: dict, key: str | None = None) -> tuple[int, dict]:
+    return server.request("POST", "/generate", body, key=key)
+
+
+def _stats(server: Server) -> dict:
+    status, info = server.request("GET", "/get_server_info", key=None)
+    assert status == 200, info
+    return info["stats"]
+
+
+def _no_leak(server: Server, within_s: float) -> None:
+    """Within `within_s`, every slot is free again once the radix cache is flushed."""
+    deadline = time.monotonic() + within_s
+    while True:
+        server.request("POST", "/flush_cache", key=None)
+        stats = _stats(server)
+        if stats["free_slots"] == stats["total_slots"] and stats["invariant_ok"] == 1.0:
+            return
+        assert time.monotonic() < deadline, f"slots still held: {stats}"
+        time.sleep(0.5)
+
+
+PROMPTS = ["Hello", "The quick brown fox jumps over the lazy dog " * 6, "1 2 3 4 5 6 7 8", "import os\nimport sys\n"]
+
+
+def test_mixed_batch_equals_a_single_worker(pd, sglang_server):
+    front, prefill, decode = pd
+    bodies = [{"text": p, "sampling_params": {"max_new_tokens": 12, "temperature": 0}} for p in PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        got = list(pool.map(lambda b: _generate(front, b), bodies))
+    for body, (status, out) in zip(bodies, got):
+        assert status == 200, out
+        want_status, want = _generate(sglang_server, body, KEY)
+        assert want_status == 200
+        assert out["output_ids"] == want["output_ids"], body["text"]
+        assert out["text"] == want["text"]
+    for worker in (prefill, decode):
+        stats = _stats(worker)
+        assert stats["kv_transfers"] >= len(bodies) and stats["kv_transfer_bytes"] > 0, stats
+
+
+def test_second_turn_hits_the_decode_workers_cache(pd, sglang_server):
+    front, _, _ = pd
+    client = openai.OpenAI(base_url=front.base_url + "/v1", api_key="unused", max_retries=0)
+    single = openai.OpenAI(base_url=sglang_server.base_url + "/v1", api_key=KEY, max_retries=0)
+    messages = [{"role": "user", "content": "Tell me about disaggregated serving."}]
+    replies = []
+    for _ in range(2):
+        reply = client.chat.completions.create(model=front.model, messages=messages, max_tokens=10, temperature=0)
+        want = single.chat.completions.create(model=front.model, messages=messages, max_tokens=10, temperature=0)
+        assert reply.choices[0].message.content == want.choices[0].message.content
+        replies.append(reply)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                     {"role": "user", "content": "And then?"}]
+    first, second = (r.usage.prompt_tokens_details.cached_tokens for r in replies)
+    # The second turn's prompt starts with the first turn's whole prompt (and reply), which
+    # the decode worker received and cached: at least the first prompt, page-aligned, hits.
+    assert second >= replies[0].usage.prompt_tokens - 1 > first
+
+
+def test_streaming_through_the_router(pd, sglang_server):
+    front, _, _ = pd
+    body = {"text": "Streaming test:", "sampling_params": {"max_new_tokens": 10, "temperature": 0}, "stream": True}
+    conn = http.client.HTTPConnection(front.host, front.port, timeout=60)
+    conn.request("POST", "/generate", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    events = [json.loads(line[5:]) for line in resp.read().decode().splitlines()
+              if line.startswith("data:") and line.strip() != "data: [DONE]"]
+    conn.close()
+    assert len(events) > 1
+    _, want = _generate(sglang_server, {**body, "stream": False}, KEY)
+    assert events[-1]["text"] == want["text"]
+
+
+def test_n_samples_and_grammar(pd, sglang_server):
+    front, _, _ = pd
+    client = openai.OpenAI(base_url=front.base_url + "/v1", api_key="unused", max_retries=0)
+    out = client.completions.create(model=front.model, prompt="Count:", max_tokens=6, temperature=0, n=2)
+    single = openai.OpenAI(base_url=sglang_server.base_url + "/v1", api_key=KEY, max_retries=0)
+    want = single.completions.create(model=front.model, prompt="Count:", max_tokens=6, temperature=0, n=2)
+    assert [c.text for c in out.choices] == [c.text for c in want.choices]
+    body = {"text": "Code:", "sampling_params": {"max_new_tokens": 16, "temperature": 0,
+                                                  "regex": r"[0-9]{3}-[a-z]{2}"}}
+    status, got = _generate(front, body)
+    assert status == 200, got
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", got["text"])
+    assert got["text"] == _generate(sglang_server, body, KEY)[1]["text"]
+
+
+def test_both_workers_report_transfers_in_metrics(pd):
+    _, prefill, decode = pd
+    for worker in (prefill, decode):
+        status, text = worker.request("GET", "/metrics", key=None)
+        assert status == 200
+        moved = re.search(r"^arbor_kv_transfer_bytes (\S+)$", text, re.M)
+        took = re.search(r"^arbor_kv_transfer_seconds (\S+)$", text, re.M)
+        assert moved and float(moved.group(1)) > 0 and took and float(took.group(1)) > 0, text
+
+
+def test_traffic_leaves_no_slot_held(pd):
+    _, prefill, decode = pd
+    _no_leak(prefill, 10)
+    _no_leak(decode, 10)
+
+
+def test_decode_worker_needs_bootstrap_info(pd):
+    _, _, decode = pd
+    status, body = _generate(decode, {"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
+    assert status == 400 and "bootstrap" in body["error"]["message"], body
+
+
+# --------------------------------------------------------------------------- failures
+
+
+@pytest.fixture()
+def pair(tiny_model) -> Iterator[tuple[Server, Server, int]]:
+    prefill, decode, port = _pair(str(tiny_model("llama")))
+    yield prefill, decode, port
+    for s in (prefill, decode):
+        if s.proc.poll() is None:
+            stop_server(s)
+
+
+def _boot(port: int, room: int) -> dict:
+    return {"bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": room}
+
+
+def test_abort_while_waiting_for_the_kv(pair):
+    """The client goes away while the decode worker waits for KV that never comes (the
+    prefill worker never got the request): the slots come back as soon as the prefill worker
+    confirms the cancel, well before the timeout."""
+    prefill, decode, port = pair
+    body = {"text": "word " * 200, "sampling_params": {"max_new_tokens": 4}, **_boot(port, 11)}
+    conn = http.client.HTTPConnection(decode.host, decode.port, timeout=1)
+    conn.request("POST", "/generate", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    with pytest.raises(TimeoutError):
+        conn.getresponse()
+    conn.close()  # the client hangs up: the decode worker aborts the request
+    _no_leak(decode, TIMEOUT_S - 1)
+    _no_leak(prefill, 5)
+
+
+def test_prefill_without_a_decode_worker_times_out_cleanly(pair):
+    prefill, _, port = pair
+    status, body = _generate(prefill, {"text": "Nobody pulls", "sampling_params": {"max_new_tokens": 4},
+                                       **_boot(port, 12)})
+    assert status == 504 and "no decode worker asked" in body["error"]["message"], body
+    _no_leak(prefill, 5)
+
+
+def test_killed_prefill_worker_does_not_wedge_the_decode_worker(pair):
+    prefill, decode, port = pair
+    body = {"text": "word " * 300, "sampling_params": {"max_new_tokens": 4}, **_boot(port, 13)}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        waiting = pool.submit(_generate, decode, body)
+        time.sleep(0.5)
+        stop_process(prefill.proc, signal.SIGKILL, 5)
+        status, out = waiting.result(timeout=4 * TIMEOUT_S)
+    assert status == 504 and "did not arrive from the prefill worker" in out["error"]["message"], out
+    assert decode.request("GET", "/health", key=None)[0] == 200
+    _no_leak(decode, 2 * TIMEOUT_S)
