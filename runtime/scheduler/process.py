@@ -139,7 +139,7 @@ def _wait(inbox: Puller, parent: int, others: list[zmq.Socket]) -> list | None:
 def _stats(sched: Scheduler) -> dict[str, float]:
     values = {k: float(v) for k, v in sched.counters.items()}
     values.update(
-        running=len(sched.running), waiting=len(sched.waiting),
+        running=len(sched.running), waiting=len(sched.waiting) + sched.awaiting_kv,
         free_slots=sched.kv.allocator.available(), total_slots=sched.kv.allocator.total_slots,
         new_token_ratio=sched.new_token_ratio, invariant_ok=float(sched.check_invariant() is None)
         if not sched.has_work else 1.0,

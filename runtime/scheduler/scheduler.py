@@ -192,6 +192,11 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.busy or self.compiling or self.transferring)
 
+    @property
+    def awaiting_kv(self) -> int:
+        """Decode worker: requests queued for slots or waiting for their KV (load the router reads)."""
+        return len(self.receiver.queue) + self.receiver.in_flight if self.receiver is not None else 0
+
     def wake_sockets(self) -> list[zmq.Socket]:
         """Sockets besides the inbox whose messages need a step (a prefill worker's bootstrap port)."""
         return [self.sender.sock] if self.sender is not None else []
