@@ -406,7 +406,9 @@ class TokenizerManager:
             meta.output_token_logprobs_length = len(s.logprobs)
             if msg.top_logprobs_num:
                 meta.output_top_logprobs = [[entry(lp, t) for lp, t in row] for row in s.top_logprobs[start:]]
-            if last.finish_reason is not None and msg.logprob_start_len < 0:
+            # Disaggregated, the prefill worker's answer has the prompt's (the router merges them).
+            elsewhere = msg.bootstrap is not None and self.args.disaggregation_mode == "decode"
+            if last.finish_reason is not None and (msg.logprob_start_len < 0 or elsewhere):
                 meta.input_token_logprobs = []  # SGLang's shape: present, empty when not asked for
             elif last.finish_reason is not None:
                 first = msg.logprob_start_len

@@ -43,11 +43,10 @@ class _Pulled:
 class DecodeReceiver:
     """Requests waiting for slots (`queue`) and for their KV (`pulled`, by room)."""
 
-    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, ctx: zmq.Context,
-                 counters: dict[str, float]) -> None:
+    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float]) -> None:
         self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "decode")
         self.kv = kv
-        self.ctx = ctx
+        self.ctx = zmq.Context()
         self.timeout = args.disaggregation_timeout_s
         self.counters = counters
         self.queue: list[tuple[Req, float]] = []  # (request, when it came)
@@ -55,6 +54,7 @@ class DecodeReceiver:
         self.socks: dict[tuple[str, int], zmq.Socket] = {}
         self._decoder = msgspec.msgpack.Decoder(ToDecode)
         self._encoder = msgspec.msgpack.Encoder()
+        self.sockets: list[zmq.Socket] = []  # replies are read each step while a pull is out
 
     @property
     def busy(self) -> bool:
@@ -65,8 +65,29 @@ class DecodeReceiver:
         """Requests whose KV was asked for and has not come yet."""
         return sum(not p.ended for p in self.pulled.values())
 
-    def add(self, req: Req) -> None:
+    @property
+    def awaiting(self) -> int:
+        return len(self.queue) + self.in_flight
+
+    def takes(self, req: Req) -> bool:
+        """A request with bootstrap info waits here for slots, then for its KV."""
+        if req.bootstrap is None:
+            return False
         self.queue.append((req, time.monotonic()))
+        return True
+
+    def keeps(self, req: Req) -> bool:
+        return False
+
+    def ended(self, req: Req) -> None:
+        return None
+
+    def step(self, capacity: int) -> tuple[list[Req], list[tuple[Req, KVDone]]]:
+        """Pull KV for queued requests (while fewer than `capacity` run or wait for KV) and
+        take in what arrived."""
+        ended = self.pull(capacity - self.in_flight)
+        arrived, failed = self.poll()
+        return ended + failed, arrived
 
     def pull(self, capacity: int) -> list[Req]:
         """Give queued requests slots and ask their prefill workers for the KV, at most
@@ -97,12 +118,12 @@ class DecodeReceiver:
             ended.append(_abort(req, f"no KV slots came free on this decode worker within {self.timeout:g} s", 503))
         return ended
 
-    def poll(self) -> tuple[list[tuple[Req, int]], list[Req]]:
+    def poll(self) -> tuple[list[tuple[Req, KVDone]], list[Req]]:
         """Handle notifications and replies. Returns the requests whose KV is here (with the
-        prefill worker's first token; their prompt is in the radix cache now) and those that
+        prefill worker's KVDone: the first token; their prompt is in the radix cache now) and those that
         ended (KV failed or timed out); an ended request's slots are freed once nothing can
         still write them."""
-        arrived: list[tuple[Req, int]] = []
+        arrived: list[tuple[Req, KVDone]] = []
         ended: list[Req] = []
         for raw in self.transfer.notifications():
             self._on(self._decode(raw), arrived, ended)
@@ -125,7 +146,7 @@ class DecodeReceiver:
                 ended.append(self._end(room, message, 504))
         return arrived, ended
 
-    def _on(self, msg: object, arrived: list[tuple[Req, int]], ended: list[Req]) -> None:
+    def _on(self, msg: object, arrived: list[tuple[Req, KVDone]], ended: list[Req]) -> None:
         p = self.pulled.get(getattr(msg, "room", -1))
         if p is None:
             return
@@ -151,7 +172,7 @@ class DecodeReceiver:
         self.counters["kv_transfer_seconds"] += time.monotonic() - p.since
         req.kv_len = req.seq_len
         self.kv.cache_prefix(req)  # the prompt is now this worker's: later turns hit it here
-        arrived.append((req, msg.token))
+        arrived.append((req, msg))
 
     def abort(self, rid: str) -> list[Req]:
         """End the queued or pulled requests of `rid` now."""
@@ -198,6 +219,7 @@ class DecodeReceiver:
         for sock in self.socks.values():
             sock.close()
         self.transfer.close()
+        self.ctx.term()
 
 
 def _abort(req: Req, message: str, status: int) -> Req:

@@ -7,7 +7,6 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ from arbor.runtime.disaggregation.protocol import (
 )
 from arbor.runtime.disaggregation.transfer import make_transfer
 from arbor.runtime.memory import KVPool
-from arbor.runtime.messages import FinishAbort, ReqOut
+from arbor.runtime.messages import FinishAbort, FinishLength
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.req import Req
 
@@ -48,48 +47,69 @@ class _Held:
 class PrefillSender:
     """Serves `KVPull`s on the bootstrap port (tcp, --host:--disaggregation-bootstrap-port)."""
 
-    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, ctx: zmq.Context,
-                 counters: dict[str, float]) -> None:
+    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float]) -> None:
         self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "prefill")
         self.kv = kv
-        self.sock = ctx.socket(zmq.ROUTER)
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(f"tcp://{args.host}:{args.disaggregation_bootstrap_port}")
         self.timeout = args.disaggregation_timeout_s
         self.counters = counters
         self.held: dict[int, _Held] = {}
         self.pulls: dict[int, tuple[bytes, KVPull]] = {}  # pulls that came before their request finished
-        self.ended: OrderedDict[int, str] = OrderedDict()  # room -> why it ended without a transfer
+        self.gone: OrderedDict[int, str] = OrderedDict()  # room -> why it ended without a transfer
         self._decoder = msgspec.msgpack.Decoder(ToPrefill)
         self._encoder = msgspec.msgpack.Encoder()
+        self.sockets = [self.sock]
 
     @property
     def busy(self) -> bool:
-        """Whether a request waits on a transfer, or a decode worker's message waits here."""
         return bool(self.held) or bool(self.sock.poll(0))
 
-    def hold(self, req: Req) -> None:
-        """Keep a finished prefill's KV (the request stays attached) until its transfer ends."""
-        self.held[req.bootstrap.room] = _Held(req, time.monotonic())
+    @property
+    def awaiting(self) -> int:
+        return 0
 
-    def poll(self, finish: Callable[[Req], ReqOut]) -> list[ReqOut]:
-        """Answer pulls and cancels, start and check transfers; end the requests whose
-        transfer is over with `finish` (which frees their KV into the radix cache)."""
+    def takes(self, req: Req) -> bool:
+        return False
+
+    def keeps(self, req: Req) -> bool:
+        """A disaggregated request ends here at its first token (max_new_tokens aside); its KV
+        (the request stays attached) is kept until its transfer ends."""
+        if req.bootstrap is None or isinstance(req.finish_reason, FinishAbort):
+            return False
+        req.finish_reason = req.finish_reason or FinishLength(length=len(req.output_ids))
+        self.held[req.bootstrap.room] = _Held(req, time.monotonic())
+        return True
+
+    def ended(self, req: Req) -> None:
+        """A request that ended before its prefill did: a pull for it gets KVFailed."""
+        if req.bootstrap is None or req.bootstrap.room in self.held:
+            return
+        room, message = req.bootstrap.room, f"the prefill worker ended the request: {req.finish_reason.message}"
+        self._forget(room, message)
+        if room in self.pulls:
+            self._reply(self.pulls.pop(room)[0], KVFailed(room=room, message=message))
+
+    def step(self, capacity: int) -> tuple[list[Req], list[tuple[Req, KVDone]]]:
+        """Answer pulls and cancels, start and check transfers; a request whose transfer is
+        over ends, its KV freed into the radix cache."""
         self._drain()
-        outs, now = [], time.monotonic()
+        ended, now = [], time.monotonic()
         for room, h in list(self.held.items()):
             if h.handle is None and h.cancelled:
                 self._reply(h.peer, KVCancelled(room=room))
-                outs.append(self._end(h, finish, "the decode worker cancelled the request", 499))
+                ended.append(self._end(h, "the decode worker cancelled the request", 499))
             elif h.handle is None and room in self.pulls:
                 h.peer, pull = self.pulls.pop(room)
-                outs += self._start(h, pull, finish)
+                ended += self._start(h, pull)
             elif h.handle is None and now - h.since > self.timeout:
-                outs.append(self._end(h, finish, f"no decode worker asked for the KV of room {room} within "
-                                                  f"{self.timeout:g} s", 504))
+                ended.append(self._end(h, f"no decode worker asked for the KV of room {room} within "
+                                          f"{self.timeout:g} s", 504))
             elif h.handle is not None:
-                outs += self._check(h, finish, now)
-        return outs
+                ended += self._check(h, now)
+        return ended, []
 
     def _drain(self) -> None:
         while True:
@@ -110,14 +130,14 @@ class PrefillSender:
                     self._forget(msg.room, "cancelled by the decode worker")
                     self.pulls.pop(msg.room, None)
                     self._reply(peer, KVCancelled(room=msg.room))
-            elif msg.room in self.ended:
-                self._reply(peer, KVFailed(room=msg.room, message=self.ended[msg.room]))
+            elif msg.room in self.gone:
+                self._reply(peer, KVFailed(room=msg.room, message=self.gone[msg.room]))
             else:
                 self.pulls[msg.room] = (peer, msg)
                 while len(self.pulls) > REMEMBERED_ROOMS:  # pulls whose request never came here
                     self.pulls.pop(next(iter(self.pulls)))
 
-    def _start(self, h: _Held, pull: KVPull, finish: Callable[[Req], ReqOut]) -> list[ReqOut]:
+    def _start(self, h: _Held, pull: KVPull) -> list[Req]:
         req = h.req
         fill = req.fill_ids()[: req.kv_len]
         problem = self.transfer.check_peer(pull.layout)
@@ -133,25 +153,24 @@ class PrefillSender:
                 problem = f"the pull for room {pull.room} names {len(dst)} slots for {len(src)} positions"
         if problem is not None:
             self._reply(h.peer, KVFailed(room=pull.room, message=problem))
-            return [self._end(h, finish, problem, 502)]
-        token = req.output_ids[req.kv_len - len(req.origin_ids)]
-        notif = self._encoder.encode(KVDone(room=pull.room, kv_len=req.kv_len, token=token))
+            return [self._end(h, problem, 502)]
+        notif = self._encoder.encode(_done_message(req, pull.room))
         try:
             h.handle, h.nbytes = self.transfer.write(pull.layout, src, dst, notif)
         except Exception as exc:
             message = f"the KV transfer of room {pull.room} could not start: {exc}"
             self._reply(h.peer, KVFailed(room=pull.room, message=message))
-            return [self._end(h, finish, message, 502)]
+            return [self._end(h, message, 502)]
         h.started = time.monotonic()
         if h.handle is None:  # the decode worker had the whole prompt cached
-            return [self._done(h, finish)]
+            return [self._done(h)]
         return []
 
-    def _check(self, h: _Held, finish: Callable[[Req], ReqOut], now: float) -> list[ReqOut]:
+    def _check(self, h: _Held, now: float) -> list[Req]:
         state = self.transfer.state(h.handle)
         if state == "DONE":
             self.transfer.release(h.handle)
-            return [self._done(h, finish)]
+            return [self._done(h)]
         if state == "PROC" and now - h.started <= self.timeout:
             return []
         room = h.req.bootstrap.room
@@ -159,40 +178,54 @@ class PrefillSender:
         message = f"the KV transfer of room {room} to the decode worker {why}"
         self.transfer.release(h.handle)
         self._reply(h.peer, KVFailed(room=room, message=message))
-        return [self._end(h, finish, message, 502)]
+        return [self._end(h, message, 502)]
 
-    def _done(self, h: _Held, finish: Callable[[Req], ReqOut]) -> ReqOut:
+    def _done(self, h: _Held) -> Req:
         del self.held[h.req.bootstrap.room]
         self.counters["kv_transfers"] += 1
         self.counters["kv_transfer_bytes"] += h.nbytes
         self.counters["kv_transfer_seconds"] += time.monotonic() - h.started
-        return finish(h.req)
+        self.kv.release(h.req)
+        return h.req
 
-    def _end(self, h: _Held, finish: Callable[[Req], ReqOut], message: str, status: int) -> ReqOut:
+    def _end(self, h: _Held, message: str, status: int) -> Req:
         room = h.req.bootstrap.room
         del self.held[room]
         self._forget(room, message)
         self.counters["kv_transfer_failures"] += 1
         h.req.finish_reason = FinishAbort(message=message, status_code=status)
-        return finish(h.req)
+        self.kv.release(h.req)
+        return h.req
 
     def _forget(self, room: int, why: str) -> None:
-        self.ended[room] = why
-        while len(self.ended) > REMEMBERED_ROOMS:
-            self.ended.popitem(last=False)
+        self.gone[room] = why
+        while len(self.gone) > REMEMBERED_ROOMS:
+            self.gone.popitem(last=False)
 
     def _reply(self, peer: bytes, msg: Any) -> None:
         if peer:
             self.sock.send_multipart([peer, self._encoder.encode(msg)])
 
-    def abort(self, rid: str, finish: Callable[[Req], ReqOut]) -> list[ReqOut]:
+    def abort(self, rid: str) -> list[Req]:
         """End held requests of `rid` whose transfer has not started (one in flight finishes)."""
-        outs = []
+        ended = []
         for h in [h for h in self.held.values() if rid in (h.req.rid, h.req.group) and h.handle is None]:
             self._reply(h.peer, KVFailed(room=h.req.bootstrap.room, message="the prefill request was aborted"))
-            outs.append(self._end(h, finish, "aborted", 499))
-        return outs
+            ended.append(self._end(h, "aborted", 499))
+        return ended
 
     def close(self) -> None:
         self.sock.close()
         self.transfer.close()
+        self.ctx.term()
+
+
+def _done_message(req: Req, room: int) -> KVDone:
+    """The notification that follows the KV: the first token after it and, when asked for,
+    its logprobs."""
+    i = req.kv_len - len(req.origin_ids)
+    done = KVDone(room=room, kv_len=req.kv_len, token=req.output_ids[i])
+    if req.return_logprob and len(req.logprobs) > i:
+        done.logprob = req.logprobs[i]
+        done.top_logprobs = req.top_logprobs[i] if len(req.top_logprobs) > i else []
+    return done

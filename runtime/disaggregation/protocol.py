@@ -53,10 +53,13 @@ class KVCancelled(_Msg):
 
 class KVDone(_Msg):
     """Prefill -> decode (as the transfer's notification): the KV is written; `token` is the first
-    token the prefill worker sampled after it."""
+    token the prefill worker sampled after it, with its logprobs when the request asked for
+    them. (Prompt logprobs stay with the prefill worker's answer; the router merges them.)"""
 
     kv_len: int
     token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[float, int]] = []
 
 
 ToPrefill = KVPull | KVCancel

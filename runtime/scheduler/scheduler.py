@@ -19,8 +19,7 @@ from arbor.grammar.compiler import GrammarBusy
 from arbor.radix.cache import RadixCache
 from arbor.radix.key import TOKEN_BYTES, common_prefix_bytes, to_key
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.disaggregation.decode import DecodeReceiver
-from arbor.runtime.disaggregation.prefill import PrefillSender
+from arbor.runtime.disaggregation.role import make_role
 from arbor.runtime.messages import (
     FinishAbort,
     FinishLength,
@@ -84,10 +83,7 @@ class Scheduler:
                          "spec_verify_steps": 0, "spec_request_steps": 0, "spec_draft_tokens": 0,
                          "spec_accepted_tokens": 0, "kv_transfers": 0, "kv_transfer_bytes": 0,
                          "kv_transfer_seconds": 0.0, "kv_transfer_failures": 0}
-        mode, pool = args.disaggregation_mode, self.runner.kv_pool
-        self.zmq = zmq.Context() if mode != "null" else None
-        self.sender = PrefillSender(args, self.kv, pool, self.zmq, self.counters) if mode == "prefill" else None
-        self.receiver = DecodeReceiver(args, self.kv, pool, self.zmq, self.counters) if mode == "decode" else None
+        self.pd = make_role(args, self.kv, self.runner.kv_pool, self.counters)  # disaggregated: its side
 
     # -------------------------------------------------------------- intake
 
@@ -119,9 +115,7 @@ class Scheduler:
 
     def _enqueue(self, req: Req) -> None:
         """Queue a request to prefill here, or (decode worker) to receive its prompt's KV."""
-        if self.receiver is not None and req.bootstrap is not None:
-            self.receiver.add(req)
-        else:
+        if self.pd is None or not self.pd.takes(req):
             self.waiting.append(req)
 
     def _grammar(self) -> GrammarBackend:
@@ -161,11 +155,8 @@ class Scheduler:
         """Stop the grammar compile workers and the KV transfer sockets."""
         if self.grammar is not None:
             self.grammar.close()
-        for part in (self.sender, self.receiver):
-            if part is not None:
-                part.close()
-        if self.zmq is not None:
-            self.zmq.term()
+        if self.pd is not None:
+            self.pd.close()
 
     def abort(self, rid: str) -> list[ReqOut]:
         """End the request with exactly this rid (or, for n > 1, its samples) and free its KV now."""
@@ -174,10 +165,8 @@ class Scheduler:
             if rid in (req.rid, req.group):
                 req.finish_reason = FinishAbort(message="aborted", status_code=499)
                 outs.append(self._finish(req))
-        if self.sender is not None:
-            outs += self.sender.abort(rid, self._finish)
-        if self.receiver is not None:
-            outs += [self._out(r) for r in self.receiver.abort(rid)]
+        if self.pd is not None:
+            outs += [self._out(r) for r in self.pd.abort(rid)]
         return outs
 
     def flush_cache(self) -> None:
@@ -195,17 +184,16 @@ class Scheduler:
     @property
     def awaiting_kv(self) -> int:
         """Decode worker: requests queued for slots or waiting for their KV (load the router reads)."""
-        return len(self.receiver.queue) + self.receiver.in_flight if self.receiver is not None else 0
+        return self.pd.awaiting if self.pd is not None else 0
 
     def wake_sockets(self) -> list[zmq.Socket]:
         """Sockets besides the inbox whose messages need a step (a prefill worker's bootstrap port)."""
-        return [self.sender.sock] if self.sender is not None else []
+        return self.pd.sockets if self.pd is not None else []
 
     @property
     def transferring(self) -> bool:
         """Whether disaggregated requests wait for a KV transfer (sent or received)."""
-        return bool((self.sender is not None and self.sender.busy)
-                    or (self.receiver is not None and self.receiver.busy))
+        return self.pd is not None and self.pd.busy
 
     @property
     def busy(self) -> bool:
@@ -259,19 +247,13 @@ class Scheduler:
         return outs
 
     def _transfers(self) -> list[ReqOut]:
-        """Disaggregation: a prefill worker answers pulls and ends requests whose KV went out;
-        a decode worker pulls KV for queued requests and starts those whose KV came in, with
-        the prefill worker's first token."""
-        if self.sender is not None:
-            return self.sender.poll(self._finish)
-        assert self.receiver is not None
-        r = self.receiver
-        room = self.args.max_running_requests - len(self.running) - r.in_flight
-        ended = r.pull(room)
-        arrived, failed = r.poll()
-        outs = [self._out(q) for q in ended + failed]
-        for req, token in arrived:
-            self._commit(req, token, None, 0)
+        """Disaggregation: move KV transfers on; a decode worker starts the requests whose KV
+        came in from the prefill worker's first token (and its logprobs)."""
+        assert self.pd is not None
+        ended, arrived = self.pd.step(self.args.max_running_requests - len(self.running))
+        outs = [self._out(r) for r in ended]
+        for req, done in arrived:
+            self._commit(req, done.token, ([done.logprob], [done.top_logprobs]) if done.logprob is not None else None, 0)
             self.counters["generated_tokens"] += 1
             self._emit(req, outs)
             if req.finish_reason is None:
@@ -558,10 +540,9 @@ class Scheduler:
         """After a step: the request's final output, or its progress if someone reads it. A
         prefill worker's disaggregated request ends at its first token and waits for its
         KV to reach the decode worker."""
-        if self.sender is not None and req.bootstrap is not None and not isinstance(req.finish_reason, FinishAbort):
-            req.finish_reason = req.finish_reason or FinishLength(length=len(req.output_ids))
-            self.sender.hold(req)
-        elif req.finish_reason is not None:
+        if self.pd is not None and self.pd.keeps(req):
+            return
+        if req.finish_reason is not None:
             outs.append(self._finish(req))
         elif req.stream or req.output.scans_text:
             outs.append(self._out(req))
@@ -593,6 +574,8 @@ class Scheduler:
     def _finish(self, req: Req) -> ReqOut:
         if req.row >= 0:
             self._release(req)
+        if self.pd is not None and isinstance(req.finish_reason, FinishAbort):
+            self.pd.ended(req)
         if req is self.chunked:
             self.chunked = None
         self.waiting = [r for r in self.waiting if r is not req]

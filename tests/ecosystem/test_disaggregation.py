@@ -142,6 +142,29 @@ def test_n_samples_and_grammar(pd, sglang_server):
     assert got["text"] == _generate(sglang_server, body, KEY)[1]["text"]
 
 
+def test_logprobs_travel_with_the_first_token(pd, sglang_server):
+    """The first token is sampled on the prefill worker: its logprob comes with the KV; the
+    router merges the prefill worker's prompt logprobs. PD answers what one worker does."""
+    front = pd[0]
+    body = {"text": PROMPTS[2], "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    status, got = _generate(front, body)
+    assert status == 200, got
+    want = _generate(sglang_server, body, KEY)[1]
+    for key in ("output_token_logprobs", "input_token_logprobs", "output_top_logprobs"):
+        a, b = got["meta_info"][key], want["meta_info"][key]
+        assert len(a) == len(b) > 0, key
+        assert _close(a, b), (key, a, b)
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return b is not None and a is not None and abs(a - b) < 1e-4
+    return a == b
+
+
 def test_both_workers_report_transfers_in_metrics(pd):
     _, prefill, decode = pd
     for worker in (prefill, decode):
@@ -169,7 +192,7 @@ def test_decode_worker_needs_bootstrap_info(pd):
 
 @pytest.fixture()
 def pair(tiny_model) -> Iterator[tuple[Server, Server, int]]:
-    prefill, decode, port = _pair(str(tiny_model("llama")))
+    prefill, decode, port = _pair(str(tiny_model("llama")), "--chunked-prefill-size", "16")
     yield prefill, decode, port
     for s in (prefill, decode):
         if s.proc.poll() is None:
@@ -192,6 +215,27 @@ def test_abort_while_waiting_for_the_kv(pair):
         conn.getresponse()
     conn.close()  # the client hangs up: the decode worker aborts the request
     _no_leak(decode, TIMEOUT_S - 1)
+    _no_leak(prefill, 5)
+
+
+def test_abort_on_the_prefill_worker_fails_the_decode_side_fast(pair):
+    """The prefill worker's copy is aborted while it prefills: its decode worker hears so
+    at once (not at its timeout) and both pools are whole again."""
+    prefill, decode, port = pair
+    body = {"text": "word " * 1500, "sampling_params": {"max_new_tokens": 4}, **_boot(port, 14)}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        t0 = time.monotonic()
+        decoding = pool.submit(_generate, decode, body)
+        time.sleep(0.3)  # the decode worker's pull waits on the prefill worker
+        prefilling = pool.submit(_generate, prefill, {**body, "rid": "pd-abort"})
+        time.sleep(0.1)
+        assert prefill.request("POST", "/abort_request", {"rid": "pd-abort"}, key=None)[0] == 200
+        status, out = decoding.result(timeout=4 * TIMEOUT_S)
+        assert time.monotonic() - t0 < TIMEOUT_S
+        aborted = prefilling.result(timeout=4 * TIMEOUT_S)[1]
+    assert aborted["meta_info"]["finish_reason"]["type"] == "abort", aborted
+    assert status == 502 and "the prefill worker" in out["error"]["message"], out
+    _no_leak(decode, 5)
     _no_leak(prefill, 5)
 
 

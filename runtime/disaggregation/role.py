@@ -1,0 +1,67 @@
+"""What the scheduler sees of a disaggregated worker: one object, its prefill or decode side."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import zmq
+
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.disaggregation.protocol import KVDone
+from arbor.runtime.memory import KVPool
+from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.scheduler.req import Req
+
+
+class Role(Protocol):
+    """Requests this side holds besides the scheduler's queues. Requests it returns as ended
+    have their finish reason set and their KV already dealt with (freed, or kept until no
+    peer can write it)."""
+
+    sockets: list[zmq.Socket]  # besides the inbox, sockets whose messages need a step
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request waits on a transfer, or a peer's message waits here."""
+        ...
+
+    @property
+    def awaiting(self) -> int:
+        """Requests counted as waiting besides the scheduler's queue (the router reads it)."""
+        ...
+
+    def takes(self, req: Req) -> bool:
+        """Whether a new request waits here instead of in the scheduler's queue."""
+        ...
+
+    def keeps(self, req: Req) -> bool:
+        """Whether a request that just got its first token stays here (its KV to send)."""
+        ...
+
+    def ended(self, req: Req) -> None:
+        """The scheduler ended a request (aborted, failed) before this side held it."""
+        ...
+
+    def step(self, capacity: int) -> tuple[list[Req], list[tuple[Req, KVDone]]]:
+        """Move transfers on. Returns the requests that ended and those whose KV arrived
+        (with the first token), at most `capacity` newly started."""
+        ...
+
+    def abort(self, rid: str) -> list[Req]:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def make_role(args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float]) -> Role | None:
+    """The side `--disaggregation-mode` names; None for a worker that does both."""
+    if args.disaggregation_mode == "prefill":
+        from arbor.runtime.disaggregation.prefill import PrefillSender
+
+        return PrefillSender(args, kv, pool, counters)
+    if args.disaggregation_mode == "decode":
+        from arbor.runtime.disaggregation.decode import DecodeReceiver
+
+        return DecodeReceiver(args, kv, pool, counters)
+    return None
