@@ -37,11 +37,13 @@ SPEC = TinySpec(arch="llama", layers=8, hidden=512, heads=8, kv_heads=4)
 # ------------------------------------------------------------------ server
 
 
-def start_server(model: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+def start_server(model: Path, *extra: str, cpus: str | None = None) -> tuple[subprocess.Popen, int]:
+    """`arbor serve` on a free port; `cpus` (a taskset list, "0" or "0,1") pins it and its children."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "arbor", "serve", "--model-path", str(model),
+    pin = ["taskset", "-c", cpus] if cpus else []
+    proc = subprocess.Popen([*pin, sys.executable, "-m", "arbor", "serve", "--model-path", str(model),
                              "--port", str(port), "--log-level", "warning", "--enable-cache-report", *extra])
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

@@ -96,7 +96,7 @@ def check_output(constraint: Constraint | None, text: str, unenforced: list[str]
     schema = json.loads(constraint.text)
     try:
         _linear_validator(schema).validate(json.loads(text))
-    except (json.JSONDecodeError, jsonschema.ValidationError, jsonschema.SchemaError, re2.error) as exc:
+    except (ValueError, OverflowError, jsonschema.ValidationError, jsonschema.SchemaError, re2.error) as exc:
         result.update(valid=False, error=str(exc).split("\n")[0][:300])
     return result
 

@@ -36,7 +36,9 @@ class NixlTransfer:
             raise RuntimeError("--disaggregation-transfer-backend nixl needs the nixl package: "
                                "pip install 'arbor[pd]' (nixl 1.5)") from exc
         name = f"arbor-{role}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        # No progress thread: NIXL's spins a whole core, half of a one-core worker's forward
+        # (bench_pd). Transfers progress when the scheduler polls their state between steps.
+        self.agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
         tensors = pool.k + pool.v
         self.registered = self.agent.register_memory(tensors)
         first = tensors[0]
