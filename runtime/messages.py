@@ -56,7 +56,14 @@ class FinishAbort(_Finish, tag="abort"):
     status_code: int = 500
 
 
-FinishReason = FinishStop | FinishLength | FinishAbort
+class FinishInvalid(_Finish, tag="invalid"):
+    """The grammar completed, but the output breaks a schema keyword that is only checked
+    after generation; `message` says which and how. Never reported as `stop`."""
+
+    message: str
+
+
+FinishReason = FinishStop | FinishLength | FinishAbort | FinishInvalid
 
 
 class OutputOptions(msgspec.Struct, kw_only=True, frozen=True):

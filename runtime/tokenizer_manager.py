@@ -25,6 +25,8 @@ from arbor.runtime.messages import (
     AbortReq,
     BatchTextOut,
     FinishAbort,
+    FinishInvalid,
+    FinishStop,
     FlushCacheReq,
     OutputOptions,
     ProcessError,
@@ -420,7 +422,10 @@ class TokenizerManager:
                     meta.input_top_logprobs = ([None] if first == 0 else []) + rows
         s.streamed = len(s.output_ids)
         if prepared.unenforced and last.finish_reason is not None:
-            meta.schema_check = check_output(prepared.msg.constraint, s.text, prepared.unenforced)
+            meta.schema_check = check = check_output(prepared.msg.constraint, s.text, prepared.unenforced)
+            if not check["valid"] and isinstance(last.finish_reason, FinishStop):
+                meta.finish_reason = FinishInvalid(message=f"the output does not satisfy the schema "
+                                                           f"(checked after generation): {check['error']}")
         return GenerateOutput(text=s.text, output_ids=list(s.output_ids), meta_info=meta,
                               index=s.index if msg.n > 1 else None)
 

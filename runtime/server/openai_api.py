@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from arbor.runtime.messages import Bootstrap, FinishAbort, FinishLength, FinishStop
+from arbor.runtime.messages import Bootstrap, FinishAbort, FinishInvalid, FinishLength, FinishStop
 from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
 from arbor.runtime.request import GenerateInput, bootstrap_of
 from arbor.runtime.server.errors import ApiError
@@ -209,6 +209,8 @@ def _finish_reason(meta: MetaInfo) -> str | None:
         return None
     if isinstance(reason, FinishAbort):
         raise ApiError(reason.status_code, reason.message, "server_error" if reason.status_code >= 500 else "invalid_request_error")
+    if isinstance(reason, FinishInvalid):
+        return "invalid"  # the output breaks its schema (meta_info.schema_check says how)
     return "length" if isinstance(reason, FinishLength) else "stop"
 
 

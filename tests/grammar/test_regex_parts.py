@@ -66,3 +66,13 @@ def test_recursive_refs_are_cut_off_but_stay_valid() -> None:
     schema = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}
     rx = re.compile(schema_to_regex(schema).regex)
     assert rx.fullmatch('{"next": {}}') and rx.fullmatch("{}")
+
+
+def test_the_post_check_reports_a_number_too_large_for_multiple_of() -> None:
+    """`1e400` matches the JSON number regex but parses to infinity: the check says invalid
+    instead of raising (once an HTTP 500)."""
+    from arbor.grammar.constraint import Constraint, check_output
+
+    schema = Constraint(kind="json_schema", text=json.dumps({"type": "number", "multipleOf": 0.01}))
+    assert check_output(schema, "1e400", ["multipleOf"])["valid"] is False
+    assert check_output(schema, "0.25", ["multipleOf"])["valid"] is True
