@@ -61,6 +61,9 @@ def constraint_from_params(params: dict[str, Any]) -> Constraint | None:
     return constraint
 
 
+_NEGATED_CLASS = re.compile(r"\[\^(?:\\.|[^\]\\])*\]")
+
+
 @functools.lru_cache(maxsize=256)
 def plan(constraint: Constraint) -> RegexPlan:
     """The regex a constraint compiles to (memoised); raises ValueError naming the problem."""
@@ -76,7 +79,8 @@ def plan(constraint: Constraint) -> RegexPlan:
                 re.compile(constraint.text)
             except re.error as exc:
                 raise SchemaError(f"regex {constraint.text[:80]!r} is invalid: {exc}") from None
-            if "\\x00" in constraint.text or "\x00" in constraint.text:
+            named = _NEGATED_CLASS.sub("", constraint.text)  # [^...\x00...] excludes NUL
+            if "\\x00" in named or "\x00" in named:
                 raise SchemaError("regex may not match the NUL character")
             return RegexPlan(constraint.text)
     except SchemaError as exc:

@@ -120,6 +120,12 @@ class ServerArgs:
     )
     grammar_cache_mb: int = _opt(512, "Compiled constraints kept in memory (LRU, by index size).")
     grammar_cache_dir: str | None = _opt(None, "Directory for compiled constraints on disk; empty = none.")
+    tool_call_parser: str | None = _opt(
+        None, "The model family's tool-call format, for tools in chat requests: qwen25 (<tool_call> JSON "
+        "blocks), llama3 (JSON calls joined by '; '), mistral ([TOOL_CALLS] and a JSON list), pythonic "
+        "([f(a=1)]). Empty = tool calls are not parsed (tool_choice \"none\" only).",
+        ("qwen25", "llama3", "mistral", "pythonic"),
+    )
     disable_jump_forward: bool = _opt(
         False, "Sample every token of constrained output, even where the grammar forces the text."
     )

@@ -35,18 +35,19 @@ class ChatTokenizer:
         while len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
 
-    def encode(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Token ids of the conversation followed by the assistant generation prompt."""
+    def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of the conversation (and the tools, which the template renders) followed
+        by the assistant generation prompt."""
         spliced: list[list[int]] = []
         rendered = []
         for m in messages:
-            known = self._ids.get(m["content"]) if m["role"] == "assistant" else None
+            known = self._ids.get(m["content"]) if m["role"] == "assistant" and "tool_calls" not in m else None
             if known is not None:
                 m = {**m, "content": _MARK.format(len(spliced))}
                 spliced.append(known)
             rendered.append(m)
         try:
-            text = self.tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(rendered, tools=tools, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # a template that rejects the conversation (e.g. role order)
             raise ValueError(f"the chat template cannot render these messages: {e}") from None
         ids: list[int] = []

@@ -17,6 +17,13 @@ from arbor.runtime.request import GenerateInput, bootstrap_of
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from arbor.runtime.server.state import ServerState, caller_of, read_body, sse
+from arbor.runtime.server.tools import (
+    ToolPlan,
+    ToolStream,
+    plan_tools,
+    template_message,
+    wire_calls,
+)
 from arbor.runtime.tokenizer_manager import Prepared
 
 MAX_COMPLETION_LOGPROBS = 5
@@ -68,9 +75,10 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         body = await read_body(request, ChatCompletionRequest, state.args)
         body.refuse_unsupported()
         state.check_model(body.model)
-        if body.tool_choice not in ("auto", "none"):
-            raise ApiError(400, "tool_choice needs tools, which Arbor does not support yet; omit tool_choice or "
-                                "send \"auto\" or \"none\"", param="tool_choice")
+        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.args.tool_call_parser)
+        if tools is not None and tools.forced and (body.response_format is not None or body.regex is not None):
+            raise ApiError(400, "a required or named tool_choice constrains the answer to tool calls; drop "
+                                "response_format / regex, or send tool_choice \"auto\"", param="tool_choice")
         top = body.top_logprobs
         if top is not None and (not body.logprobs or not 0 <= top <= MAX_CHAT_TOP_LOGPROBS):
             raise ApiError(400, f"top_logprobs needs logprobs=true and must be in [0, {MAX_CHAT_TOP_LOGPROBS}]",
@@ -78,10 +86,10 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         params = (_sampling(body, max_tokens, param) | _response_format(body.response_format)
-                  | _constraint(regex=body.regex))
+                  | _constraint(regex=body.regex) | (tools.constraint() if tools else {}))
         if not body.messages:
             raise ApiError(400, "messages is empty; give at least one message", param="messages")
-        ids = await state.encode_chat([_message(m) for m in body.messages])
+        ids = await state.encode_chat([_message(m) for m in body.messages], tools.template_tools() if tools else None)
         k = (top or 0) if body.logprobs else None
         caller = caller_of(request)
         one = _input(ids, params, body.stream, k, state.salt(caller, body.cache_salt, body.extra_key), body.rid,
@@ -91,11 +99,11 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             state.check_capacity(1)
-            return sse(_stream_chat(state, prepared[0], meta, k, usage))
+            return sse(_stream_chat(state, prepared[0], meta, k, usage, tools))
         results = await state.collect(request, prepared)
         for out in results[0]:
             _remember(state, out)
-        choices = [_chat_choice(o.index or 0, o, k) for o in results[0]]
+        choices = [_chat_choice(o.index or 0, o, k, tools) for o in results[0]]
         usage = _usage(results, state.args.enable_cache_report)
         return JSONResponse({**meta.head("chat.completion"), "choices": choices, "usage": usage})
 
@@ -186,7 +194,7 @@ def _message(m: Any) -> dict[str, Any]:
         if not all(part.get("type") == "text" and isinstance(part.get("text"), str) for part in content):
             raise ApiError(400, "only text content parts are supported", param="messages")
         content = "".join(part["text"] for part in content)
-    return {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+    return template_message(m, content or "")
 
 
 def _remember(state: ServerState, out: GenerateOutput) -> None:
@@ -265,10 +273,16 @@ def _completion_choice(index: int, out: GenerateOutput, k: int | None) -> dict[s
             "finish_reason": _finish_reason(meta)}
 
 
-def _chat_choice(index: int, out: GenerateOutput, k: int | None) -> dict[str, Any]:
+def _chat_choice(index: int, out: GenerateOutput, k: int | None, tools: ToolPlan | None) -> dict[str, Any]:
     meta = out.meta_info
-    return {"index": index, "message": {"role": "assistant", "content": out.text},
-            "logprobs": _chat_logprobs(meta, k), "finish_reason": _finish_reason(meta)}
+    message: dict[str, Any] = {"role": "assistant", "content": out.text}
+    reason = _finish_reason(meta)
+    if tools is not None:
+        end, calls = tools.split(out.text)
+        if calls:
+            message = {"role": "assistant", "content": out.text[:end].strip() or None, "tool_calls": wire_calls(calls)}
+            reason = tools.finish(reason, calls)
+    return {"index": index, "message": message, "logprobs": _chat_logprobs(meta, k), "finish_reason": reason}
 
 
 async def _merged(state: ServerState, prepared: list[Prepared]) -> AsyncIterator[tuple[int, GenerateOutput]]:
@@ -336,8 +350,10 @@ async def _stream_completions(
 
 async def _stream_chat(
     state: ServerState, prepared: Prepared, meta: _Meta, k: int | None, include_usage: bool,
+    tools: ToolPlan | None,
 ) -> AsyncIterator[dict[str, Any]]:
     deltas = _Deltas()
+    splits: dict[int, ToolStream] = {}
     finals: dict[int, GenerateOutput] = {}
     head = meta.head("chat.completion.chunk")
     n = prepared.msg.n
@@ -346,14 +362,20 @@ async def _stream_chat(
                                     "logprobs": None, "finish_reason": None}]}
     async for _, out in _merged(state, [prepared]):
         index = out.index or 0
-        text = deltas.step(index, out)
         reason = _finish_reason(out.meta_info)
+        split = splits.setdefault(index, ToolStream(tools)) if tools is not None else None
+        text = split.step(out.text, reason is not None) if split is not None else deltas.step(index, out)
         if text or _has_logprobs(out, k):  # tokens without text yet still carry their logprobs
             yield {**head, "choices": [{"index": index, "delta": {"content": text},
                                         "logprobs": _chat_logprobs(out.meta_info, k), "finish_reason": None}]}
         if reason is not None:
             finals[index] = out
             _remember(state, out)
+            if split is not None and split.calls:
+                for call in split.deltas():
+                    yield {**head, "choices": [{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None,
+                                                "finish_reason": None}]}
+                reason = tools.finish(reason, split.calls)
             yield {**head, "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}]}
     if include_usage:
         yield {**head, "choices": [], "usage": _usage([[finals[i] for i in range(n)]], state.args.enable_cache_report)}

@@ -239,9 +239,11 @@ class CompletionRequest(_OpenAISampling, kw_only=True):
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
-    role: Literal["system", "user", "assistant", "developer"]
+    role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
 
 class ResponseFormat(_Body):
@@ -252,10 +254,9 @@ class ResponseFormat(_Body):
 class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     """POST /v1/chat/completions. Sampling fields that SGLang leaves null take Arbor's defaults."""
 
-    ADVISORY = ("priority", "custom_labels", "stream_reasoning", "separate_reasoning", "reasoning_effort",
-                "parallel_tool_calls")
+    ADVISORY = ("priority", "custom_labels", "stream_reasoning", "separate_reasoning", "reasoning_effort")
     DEFAULT_ONLY = (
-        *_OPENAI_DEFAULT_ONLY, "tools", "return_prompt_token_ids", "return_meta_info", "return_input_ids_in_sglext",
+        *_OPENAI_DEFAULT_ONLY, "return_prompt_token_ids", "return_meta_info", "return_input_ids_in_sglext",
         "return_output_ids_in_sglext", "return_sampling_mask", "sampling_logprobs_mode",
         "return_flat_raw_output_top_logprobs", "thinking", "task", "continue_final_message",
         "chat_template_kwargs", "max_dynamic_patch", "min_dynamic_patch", "use_audio_in_video", "video_config",
@@ -273,14 +274,14 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: ResponseFormat | None = None
-    tool_choice: Any = "auto"  # without tools, "auto" and "none" both mean no tool call
-    # advisory
+    tools: Any = None  # checked by server/tools.py
+    tool_choice: Any = "auto"
     parallel_tool_calls: Any = True
+    # advisory
     stream_reasoning: Any = True
     separate_reasoning: Any = True
     reasoning_effort: Any = None
     # default-only
-    tools: Any = None
     return_prompt_token_ids: Any = False
     return_meta_info: Any = False
     return_input_ids_in_sglext: Any = False

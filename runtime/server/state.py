@@ -130,20 +130,20 @@ class ServerState:
         except ValueError as e:
             raise ApiError(400, str(e)) from None
 
-    async def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Token ids of a chat prompt: refused before the template when it surely cannot fit,
-        tokenized on the tokenizer thread when long."""
+    async def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of a chat prompt (with the tools the template renders): refused before
+        the template when it surely cannot fit, tokenized on the tokenizer thread when long."""
         front = self.front()
-        chars = sum(len(m["content"]) for m in messages)
+        chars = sum(len(m["content"]) for m in messages) + (len(json.dumps(tools)) if tools else 0)
         most = front.info["context_length"] * front.max_token_chars
         try:
             if chars > most:
                 raise ValueError(f"the messages hold {chars} characters, more than {most}, which cannot fit the "
                                  f"context length of {front.info['context_length']} tokens; shorten them")
             if chars <= INLINE_TOKENIZE_CHARS:
-                return self.chat.encode(messages)
+                return self.chat.encode(messages, tools)
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.tokenizer_thread, self.chat.encode, messages)
+            return await loop.run_in_executor(self.tokenizer_thread, self.chat.encode, messages, tools)
         except ValueError as e:
             raise ApiError(400, str(e), param="messages") from None
 

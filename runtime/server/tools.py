@@ -1,0 +1,178 @@
+"""Tool calling in the chat API: `tools` and `tool_choice` checked, tool turns rendered for
+the chat template, calls forced by a grammar when the client requires one, and answers
+split into content and `tool_calls` (whole, or as stream deltas)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from arbor.runtime.server.errors import ApiError
+from arbor.runtime.server.tool_parsers import PARSERS, ToolCall, ToolParser
+
+MAX_TOOLS = 128  # OpenAI's limit
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass
+class ToolPlan:
+    """What a chat request's tools ask of the answer. `choice` is "auto", "none", "required"
+    or the one function's name."""
+
+    parser: ToolParser | None
+    functions: list[dict[str, Any]]
+    choice: str
+    parallel: bool
+
+    @property
+    def forced(self) -> bool:
+        return self.choice not in ("auto", "none")
+
+    def constraint(self) -> dict[str, Any]:
+        """Sampling params that force the calls (required, or a named function)."""
+        if not self.forced:
+            return {}
+        assert self.parser is not None
+        chosen = self.functions if self.choice == "required" else [f for f in self.functions
+                                                                    if f["name"] == self.choice]
+        return {"regex": self.parser.forced(chosen, self.parallel)}
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template takes them (rendered under "none" too, as vLLM does)."""
+        return [{"type": "function", "function": f} for f in self.functions] or None
+
+    def split(self, text: str) -> tuple[int, list[ToolCall]]:
+        """(where the content ends, the calls to known functions after it)."""
+        if self.parser is None or self.choice == "none":
+            return len(text), []
+        at, calls = self.parser.split(text)
+        known = {f["name"] for f in self.functions}
+        return (at, calls) if calls and all(c.name in known for c in calls) else (len(text), [])
+
+    def finish(self, reason: str | None, calls: list[ToolCall]) -> str | None:
+        """OpenAI's finish reason: tool_calls when the model chose to call (a named function
+        that was forced ends as stop)."""
+        return "tool_calls" if calls and reason == "stop" and self.choice in ("auto", "required") else reason
+
+
+def plan_tools(tools: Any, tool_choice: Any, parallel: Any, parser_name: str | None) -> ToolPlan | None:
+    """Check a chat request's tool fields; None when it has no tools."""
+    if not tools:
+        if tool_choice not in ("auto", "none", None):
+            raise ApiError(400, "tool_choice needs tools; send tools or omit tool_choice", param="tool_choice")
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise ApiError(400, f"tools must be a list of at most {MAX_TOOLS} tools", param="tools")
+    functions = [_function(t, i) for i, t in enumerate(tools)]
+    names = [f["name"] for f in functions]
+    if len(set(names)) != len(names):
+        raise ApiError(400, "two tools have the same function name; give each a distinct name", param="tools")
+    choice = _choice(tool_choice if tool_choice is not None else "auto", names)
+    if not isinstance(parallel, bool):
+        raise ApiError(400, "parallel_tool_calls must be true or false", param="parallel_tool_calls")
+    parser = PARSERS[parser_name]() if parser_name else None
+    if parser is None and choice != "none":
+        raise ApiError(400, "this server parses no tool calls: start it with --tool-call-parser "
+                            f"({'|'.join(PARSERS)}) for the model's format, or send tool_choice \"none\"",
+                       param="tools")
+    return ToolPlan(parser, functions, choice, parallel)
+
+
+def _function(tool: Any, i: int) -> dict[str, Any]:
+    where = f"tools[{i}]"
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise ApiError(400, f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}", param="tools")
+    fn = tool["function"]
+    if not isinstance(fn.get("name"), str) or not _NAME.fullmatch(fn["name"]):
+        raise ApiError(400, f"{where}.function.name must be 1-64 letters, digits, _ or -", param="tools")
+    params = fn.get("parameters")
+    if params is not None and not (isinstance(params, dict) and params.get("type", "object") == "object"):
+        raise ApiError(400, f"{where}.function.parameters must be a JSON Schema of type object", param="tools")
+    unknown = set(fn) - {"name", "description", "parameters", "strict"}
+    if unknown:
+        raise ApiError(400, f"{where}.function has unknown fields {sorted(unknown)}", param="tools")
+    return {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
+
+
+def _choice(choice: Any, names: list[str]) -> str:
+    if choice in ("auto", "none", "required"):
+        return choice
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
+        raise ApiError(400, 'tool_choice must be "auto", "none", "required" or {"type": "function", '
+                            '"function": {"name": ...}}', param="tool_choice")
+    if name not in names:
+        raise ApiError(400, f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})",
+                       param="tool_choice")
+    return name
+
+
+def template_message(m: Any, content: str) -> dict[str, Any]:
+    """A chat message as chat templates take it: tool results keep their call id; an
+    assistant's tool calls carry their arguments as objects (Hugging Face's convention)."""
+    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+    if m.role == "tool":
+        if not isinstance(m.tool_call_id, str):
+            raise ApiError(400, "a message with role tool needs tool_call_id, the id of the call it answers",
+                           param="messages")
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise ApiError(400, "only assistant messages carry tool_calls", param="messages")
+        out["tool_calls"] = [_template_call(c) for c in m.tool_calls]
+    return out
+
+
+def _template_call(call: Any) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise ApiError(400, "each tool call needs function: {name, arguments}", param="messages")
+    args = fn.get("arguments", "{}")
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except json.JSONDecodeError:
+        raise ApiError(400, f"the arguments of the call to {fn['name']} are not JSON", param="messages") from None
+    return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
+
+
+def wire_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """Calls as the OpenAI API writes them in a message."""
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+@dataclass
+class ToolStream:
+    """One streamed choice: content goes out while it surely is content; from where the
+    tool-call section may start, text is held until the answer ends."""
+
+    plan: ToolPlan
+    sent: int = 0
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def step(self, text: str, done: bool) -> str:
+        """New content to send, given the whole text so far; at the end, the calls are in `calls`."""
+        if done:
+            end, self.calls = self.plan.split(text)
+        elif self.plan.parser is None or self.plan.choice == "none":
+            end = len(text)
+        else:
+            end = self.plan.parser.content_end(text)
+        new = text[self.sent:max(end, self.sent)]
+        self.sent = max(end, self.sent)
+        return new.rstrip() if done and self.calls else new
+
+    def deltas(self) -> list[dict[str, Any]]:
+        """The calls as OpenAI streams them: id, type and name first, then the arguments."""
+        out = []
+        for i, call in enumerate(wire_calls(self.calls)):
+            fn = call["function"]
+            out.append({"index": i, "id": call["id"], "type": "function",
+                        "function": {"name": fn["name"], "arguments": ""}})
+            out.append({"index": i, "function": {"arguments": fn["arguments"]}})
+        return out
