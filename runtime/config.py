@@ -126,6 +126,11 @@ class ServerArgs:
         "([f(a=1)]). Empty = tool calls are not parsed (tool_choice \"none\" only).",
         ("qwen25", "llama3", "mistral", "pythonic"),
     )
+    reasoning_parser: str | None = _opt(
+        None, "Split the model's <think>...</think> section into reasoning_content in chat answers: qwen3 "
+        "(only when the answer opens with <think>), deepseek-r1 (the answer starts inside it). Empty = "
+        "reasoning stays in content.", ("qwen3", "deepseek-r1"),
+    )
     disable_jump_forward: bool = _opt(
         False, "Sample every token of constrained output, even where the grammar forces the text."
     )

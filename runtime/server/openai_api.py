@@ -14,16 +14,12 @@ from fastapi.responses import JSONResponse, Response
 from arbor.runtime.messages import Bootstrap, FinishAbort, FinishInvalid, FinishLength, FinishStop
 from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
 from arbor.runtime.request import GenerateInput, bootstrap_of
+from arbor.runtime.server.answer import AnswerShape, AnswerStream
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
+from arbor.runtime.server.reasoning import make_reasoning_parser
 from arbor.runtime.server.state import ServerState, caller_of, read_body, sse
-from arbor.runtime.server.tools import (
-    ToolPlan,
-    ToolStream,
-    plan_tools,
-    template_message,
-    wire_calls,
-)
+from arbor.runtime.server.tools import plan_tools, template_message
 from arbor.runtime.tokenizer_manager import Prepared
 
 MAX_COMPLETION_LOGPROBS = 5
@@ -96,14 +92,16 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
                      caller.tenant, _bootstrap(body, 1))
         prepared = await state.prepare([one])
         meta = _Meta("chatcmpl", state.model_name)
+        reasoning = make_reasoning_parser(state.args.reasoning_parser) if body.separate_reasoning else None
+        shape = AnswerShape(reasoning, tools, stream_reasoning=bool(body.stream_reasoning))
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             state.check_capacity(1)
-            return sse(_stream_chat(state, prepared[0], meta, k, usage, tools))
+            return sse(_stream_chat(state, prepared[0], meta, k, usage, shape))
         results = await state.collect(request, prepared)
         for out in results[0]:
             _remember(state, out)
-        choices = [_chat_choice(o.index or 0, o, k, tools) for o in results[0]]
+        choices = [_chat_choice(o.index or 0, o, k, shape) for o in results[0]]
         usage = _usage(results, state.args.enable_cache_report)
         return JSONResponse({**meta.head("chat.completion"), "choices": choices, "usage": usage})
 
@@ -273,15 +271,9 @@ def _completion_choice(index: int, out: GenerateOutput, k: int | None) -> dict[s
             "finish_reason": _finish_reason(meta)}
 
 
-def _chat_choice(index: int, out: GenerateOutput, k: int | None, tools: ToolPlan | None) -> dict[str, Any]:
+def _chat_choice(index: int, out: GenerateOutput, k: int | None, shape: AnswerShape) -> dict[str, Any]:
     meta = out.meta_info
-    message: dict[str, Any] = {"role": "assistant", "content": out.text}
-    reason = _finish_reason(meta)
-    if tools is not None:
-        end, calls = tools.split(out.text)
-        if calls:
-            message = {"role": "assistant", "content": out.text[:end].strip() or None, "tool_calls": wire_calls(calls)}
-            reason = tools.finish(reason, calls)
+    message, reason = shape.message(out.text, _finish_reason(meta))
     return {"index": index, "message": message, "logprobs": _chat_logprobs(meta, k), "finish_reason": reason}
 
 
@@ -350,10 +342,9 @@ async def _stream_completions(
 
 async def _stream_chat(
     state: ServerState, prepared: Prepared, meta: _Meta, k: int | None, include_usage: bool,
-    tools: ToolPlan | None,
+    shape: AnswerShape,
 ) -> AsyncIterator[dict[str, Any]]:
-    deltas = _Deltas()
-    splits: dict[int, ToolStream] = {}
+    splits: dict[int, AnswerStream] = {}
     finals: dict[int, GenerateOutput] = {}
     head = meta.head("chat.completion.chunk")
     n = prepared.msg.n
@@ -363,19 +354,18 @@ async def _stream_chat(
     async for _, out in _merged(state, [prepared]):
         index = out.index or 0
         reason = _finish_reason(out.meta_info)
-        split = splits.setdefault(index, ToolStream(tools)) if tools is not None else None
-        text = split.step(out.text, reason is not None) if split is not None else deltas.step(index, out)
-        if text or _has_logprobs(out, k):  # tokens without text yet still carry their logprobs
-            yield {**head, "choices": [{"index": index, "delta": {"content": text},
+        split = splits.setdefault(index, AnswerStream(shape))
+        delta = split.step(out.text, reason is not None)
+        if delta or _has_logprobs(out, k):  # tokens without text yet still carry their logprobs
+            yield {**head, "choices": [{"index": index, "delta": delta or {"content": ""},
                                         "logprobs": _chat_logprobs(out.meta_info, k), "finish_reason": None}]}
         if reason is not None:
             finals[index] = out
             _remember(state, out)
-            if split is not None and split.calls:
-                for call in split.deltas():
-                    yield {**head, "choices": [{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None,
-                                                "finish_reason": None}]}
-                reason = tools.finish(reason, split.calls)
+            for call in split.tool_deltas():
+                yield {**head, "choices": [{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None,
+                                            "finish_reason": None}]}
+            reason = split.finish(reason)
             yield {**head, "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}]}
     if include_usage:
         yield {**head, "choices": [], "usage": _usage([[finals[i] for i in range(n)]], state.args.enable_cache_report)}

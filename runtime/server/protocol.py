@@ -254,7 +254,7 @@ class ResponseFormat(_Body):
 class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     """POST /v1/chat/completions. Sampling fields that SGLang leaves null take Arbor's defaults."""
 
-    ADVISORY = ("priority", "custom_labels", "stream_reasoning", "separate_reasoning", "reasoning_effort")
+    ADVISORY = ("priority", "custom_labels", "reasoning_effort")
     DEFAULT_ONLY = (
         *_OPENAI_DEFAULT_ONLY, "return_prompt_token_ids", "return_meta_info", "return_input_ids_in_sglext",
         "return_output_ids_in_sglext", "return_sampling_mask", "sampling_logprobs_mode",
@@ -277,9 +277,9 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     tools: Any = None  # checked by server/tools.py
     tool_choice: Any = "auto"
     parallel_tool_calls: Any = True
+    stream_reasoning: bool = True  # with --reasoning-parser: stream reasoning_content as it comes
+    separate_reasoning: bool = True  # with --reasoning-parser: split <think> out of content
     # advisory
-    stream_reasoning: Any = True
-    separate_reasoning: Any = True
     reasoning_effort: Any = None
     # default-only
     return_prompt_token_ids: Any = False
