@@ -28,6 +28,7 @@ from pathlib import Path
 import msgspec
 import outlines_core
 
+from arbor.grammar.budget import Distances
 from arbor.grammar.constraint import Constraint, plan
 from arbor.grammar.matcher import CompiledGrammar, VocabTables
 from arbor.grammar.vocabulary import TokenVocabulary
@@ -67,13 +68,13 @@ class _Worker:
         self.encode = msgspec.msgpack.Encoder().encode
         self.decode = msgspec.msgpack.Decoder(CompileDone).decode
 
-    def compile(self, regex: str, timeout_s: float) -> bytes:
+    def compile(self, job: CompileJob, timeout_s: float) -> CompileDone:
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         proc = self.proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
         try:
-            write_frame(proc.stdin, self.encode(CompileJob(regex=regex)))
+            write_frame(proc.stdin, self.encode(job))
         except BrokenPipeError:
             return self._died()
         ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
@@ -87,9 +88,9 @@ class _Worker:
         done = self.decode(frame)
         if done.error:
             raise GrammarError(f"the constraint's regex does not compile: {done.error}")
-        return done.index
+        return done
 
-    def _died(self) -> bytes:
+    def _died(self) -> CompileDone:
         code = self.proc.wait() if self.proc else None
         self.proc = None
         raise GrammarError(f"compiling the constraint needed more than the {self.memory_mb} MB compile memory "
@@ -170,18 +171,21 @@ class GrammarCompiler:
                 regex_plan = plan(constraint)
             except ValueError as exc:
                 raise GrammarError(str(exc)) from None
-            blob = self._disk_get(constraint)
-            if blob is None:
+            done = self._disk_get(constraint)
+            if done is None:
+                # JSON is budget-aware by default: its distances are built in the worker too.
+                sentinel = self.tables.sentinel if constraint.kind in ("json_schema", "json_object") else -1
                 worker = self._workers.get()
                 try:
-                    blob = worker.compile(f"(?:{regex_plan.regex})\\x00", self.config.timeout_s)
+                    done = worker.compile(CompileJob(f"(?:{regex_plan.regex})\\x00", sentinel), self.config.timeout_s)
                 finally:
                     self._workers.put(worker)
-                self._disk_put(constraint, blob)
+                self._disk_put(constraint, done)
             else:
                 self.stats["disk_hits"] += 1
-            index = outlines_core.Index.from_binary(blob)
-            grammar = CompiledGrammar(index, self.tables, regex_plan.unenforced, len(blob))
+            index = outlines_core.Index.from_binary(done.index)
+            distances = Distances.from_bytes(done.distances) if done.distances else None
+            grammar = CompiledGrammar(index, self.tables, regex_plan.unenforced, len(done.index), distances)
             self.stats["compiles"] += 1
             self.stats["compile_s"] += time.perf_counter() - start
             self._remember(constraint, grammar)
@@ -210,19 +214,21 @@ class GrammarCompiler:
         if not self.config.cache_dir:
             return None
         key = hashlib.sha256(f"{constraint.kind}\0{constraint.text}\0{self.vocab_digest}".encode()).hexdigest()
-        return Path(self.config.cache_dir) / f"{key}.index"
+        return Path(self.config.cache_dir) / f"{key}.grammar"
 
-    def _disk_get(self, constraint: Constraint) -> bytes | None:
+    def _disk_get(self, constraint: Constraint) -> CompileDone | None:
         path = self._disk_path(constraint)
-        return path.read_bytes() if path is not None and path.exists() else None
+        if path is None or not path.exists():
+            return None
+        return msgspec.msgpack.decode(path.read_bytes(), type=CompileDone)
 
-    def _disk_put(self, constraint: Constraint, blob: bytes) -> None:
+    def _disk_put(self, constraint: Constraint, done: CompileDone) -> None:
         path = self._disk_path(constraint)
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(blob)
+        tmp.write_bytes(msgspec.msgpack.encode(done))
         tmp.replace(path)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import outlines_core
 
+from arbor.grammar.budget import BUDGET_MARGIN, Distances
 from arbor.grammar.vocabulary import TokenVocabulary
 
 MASK_CACHE_BYTES = 32 << 20  # per grammar; least recently used state masks go first
@@ -78,7 +79,8 @@ class CompiledGrammar:
     """An outlines-core Index plus lazily built, bounded per-state masks and jump info.
     Masks are built through a Guide standing at the state (see GrammarMatcher)."""
 
-    def __init__(self, index: outlines_core.Index, tables: VocabTables, unenforced: list[str], index_bytes: int) -> None:
+    def __init__(self, index: outlines_core.Index, tables: VocabTables, unenforced: list[str], index_bytes: int,
+                 distances: Distances | None = None) -> None:
         self.index = index
         self.tables = tables
         self.unenforced = unenforced
@@ -87,6 +89,25 @@ class CompiledGrammar:
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._info: dict[int, _StateInfo] = {}
         self._max_masks = max(16, MASK_CACHE_BYTES // (tables.words * 4))
+        self._distances = distances
+
+    @property
+    def distances(self) -> Distances:
+        """Fewest tokens to an end from each state (the worker builds them for JSON; for other
+        kinds they are built here on first use)."""
+        if self._distances is None:
+            self._distances = Distances.build(self.index, self.tables.sentinel)
+        return self._distances
+
+    def limited_mask(self, state: int, guide: outlines_core.Guide, most: int) -> np.ndarray:
+        """The mask of `state` kept to tokens after which an end is at most `most` tokens away
+        (and EOS where the output may end)."""
+        row = self.mask(state, guide)
+        end = None
+        if self.info(state, guide).allows_end:
+            end = np.zeros_like(row)
+            _set(end, self.tables.eos_ids, on=True)
+        return self.distances.limited(self.index, state, row, end, most)
 
     def mask(self, state: int, guide: outlines_core.Guide) -> np.ndarray:
         """The int32 bitset of tokens allowed in `state`; `guide` stands at `state`."""
@@ -126,14 +147,29 @@ class GrammarMatcher:
     """One request's walk through a CompiledGrammar, with an outlines-core Guide kept at the
     same state (it writes the masks of states seen first here)."""
 
-    def __init__(self, grammar: CompiledGrammar) -> None:
+    def __init__(self, grammar: CompiledGrammar, budget_aware: bool = False) -> None:
         self.grammar = grammar
         self.state = grammar.initial
+        self.budget_aware = budget_aware
         self._guide = outlines_core.Guide(grammar.index, max_rollback=MAX_JUMP_BYTES + 2)
 
-    def fill_bitmask(self, out: np.ndarray) -> None:
-        """Write the allowed-token bitset of the current state into `out` (int32 words)."""
-        out[:] = self.grammar.mask(self.state, self._guide)
+    def fill_bitmask(self, out: np.ndarray, remaining: int | None = None) -> None:
+        """Write the allowed-token bitset of the current state into `out` (int32 words); with
+        `remaining` tokens of budget left (budget-aware), only tokens that keep the output
+        closable within them (budget.py)."""
+        most = self.grammar.distances.limit(self.state, remaining) if remaining is not None and self.budget_aware else None
+        if most is not None:
+            out[:] = self.grammar.limited_mask(self.state, self._guide, most)
+        else:
+            out[:] = self.grammar.mask(self.state, self._guide)
+
+    def distance(self) -> int:
+        """Fewest tokens from here to an output that may end."""
+        return self.grammar.distances.of(self.state)
+
+    def closing(self, remaining: int) -> bool:
+        """Whether `remaining` tokens of budget are few enough that the output must close now."""
+        return self.budget_aware and remaining <= self.distance() + BUDGET_MARGIN
 
     def accept_token(self, token: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""

@@ -19,15 +19,17 @@ _HEADER = struct.Struct(">I")
 
 
 class CompileJob(msgspec.Struct):
-    """Build the index of one regex."""
+    """Build the index of one regex (and, with `sentinel` >= 0, its budget distances)."""
 
     regex: str
+    sentinel: int = -1
 
 
 class CompileDone(msgspec.Struct):
-    """The serialized index, or the compiler's error message."""
+    """The serialized index and distances (budget.Distances.to_bytes), or the compiler's error."""
 
     index: bytes = b""
+    distances: bytes = b""
     error: str = ""
 
 
@@ -51,6 +53,8 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     import outlines_core
 
+    from arbor.grammar.budget import Distances
+
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     blob = read_frame(stdin)
     if blob is None:
@@ -63,6 +67,8 @@ def main() -> None:
         try:
             index = outlines_core.Index(job.regex, vocabulary)
             done = CompileDone(index=_index_bytes(index))
+            if job.sentinel >= 0:
+                done.distances = Distances.build(index, job.sentinel).to_bytes()
         except MemoryError:
             done = CompileDone(error="the automaton outgrew the compiler's memory limit")
         except Exception as exc:  # a regex outlines-core rejects: report its words

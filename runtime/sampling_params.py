@@ -28,6 +28,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    budget_aware: bool | None = None  # close a constrained output before the budget ends (None: on for JSON)
 
     def __post_init__(self) -> None:
         _check(_is_int(self.max_new_tokens, 0), f"max_new_tokens must be an integer >= 0, got {_r(self.max_new_tokens)}")
@@ -44,6 +45,8 @@ class SamplingParams:
                f"repetition_penalty must be in (0, 2] (1 = off), got {_r(self.repetition_penalty)}")
         _check(self.seed is None or _is_int(self.seed, -INT64), f"seed must be a 64-bit integer, got {_r(self.seed)}")
         _check(isinstance(self.ignore_eos, bool), f"ignore_eos must be true or false, got {_r(self.ignore_eos)}")
+        _check(self.budget_aware is None or isinstance(self.budget_aware, bool),
+               f"budget_aware must be true, false or null (on for JSON), got {_r(self.budget_aware)}")
         _check(isinstance(self.stop_token_ids, list) and all(_is_int(t, 0) for t in self.stop_token_ids),
                "stop_token_ids must be a list of token ids (integers >= 0)")
         _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,

@@ -69,11 +69,17 @@ class GrammarBackend:
 
     def start(self, req: Req, grammar: Any) -> None:
         """Give a request its matcher and write the opening forced text as output tokens."""
-        req.matcher = GrammarMatcher(grammar)
-        if self.jump_forward and not req.output_ids:
+        budget = req.params.budget_aware
+        if budget is None:  # on by default where the output is JSON
+            budget = req.constraint is not None and req.constraint.kind in ("json_schema", "json_object")
+        req.matcher = GrammarMatcher(grammar, budget)
+        if self.jump_forward and not req.output_ids and not req.matcher.closing(req.params.max_new_tokens):
             forced = self._forced_tokens(req, b"", req.params.max_new_tokens)
             if forced and req.matcher.accept_tokens(forced):
-                self._append_forced(req, forced)
+                if req.matcher.budget_aware and req.params.max_new_tokens - len(forced) < req.matcher.distance():
+                    req.matcher.rollback(len(forced))  # too many tokens for the budget: sample them instead
+                else:
+                    self._append_forced(req, forced)
 
     def apply_masks(self, reqs: list[Req], logits: torch.Tensor, ahead: list[list[int]]) -> None:
         """Set the logits of every token a request's grammar forbids to -inf, in place. Row i
@@ -87,11 +93,12 @@ class GrammarBackend:
         mask = np.empty((len(rows), self.compiler.tables.words), dtype=np.int32)
         for j, i in enumerate(rows):
             matcher = reqs[i].matcher
+            remaining = reqs[i].remaining_new_tokens - len(ahead[i])
             if not ahead[i]:
-                matcher.fill_bitmask(mask[j])
+                matcher.fill_bitmask(mask[j], remaining)
                 continue
             moved = matcher.accept_tokens(ahead[i])
-            matcher.fill_bitmask(mask[j])
+            matcher.fill_bitmask(mask[j], remaining)
             if moved:
                 matcher.rollback(len(ahead[i]))
         bitmask = torch.from_numpy(mask).to(logits.device)
@@ -122,8 +129,8 @@ class GrammarBackend:
         matcher = req.matcher
         if not matcher.accept_token(token):
             return f"token {token} is not allowed by the grammar"
-        if not self.jump_forward or matcher.is_terminated():
-            return None
+        if not self.jump_forward or matcher.is_terminated() or matcher.closing(req.remaining_new_tokens):
+            return None  # closing under a budget: every token is chosen by the closing mask
         room = req.remaining_new_tokens + 1  # the sampled token is replaced too
         assert self.retokenizer is not None
         last = self.retokenizer.token_bytes[token] or b""
@@ -132,6 +139,10 @@ class GrammarBackend:
             return None
         matcher.rollback(1)
         if not matcher.accept_tokens(forced):
+            matcher.accept_token(token)
+            return None
+        if matcher.budget_aware and req.remaining_new_tokens + 1 - len(forced) < matcher.distance():
+            matcher.rollback(len(forced))  # the forced text's tokens would leave too few to close
             matcher.accept_token(token)
             return None
         req.output_ids.pop()

@@ -140,7 +140,13 @@ class Scheduler:
             assert self.grammar is not None
             self.grammar.start(req, future.result())
             self.counters["forced_tokens"] += len(req.output_ids)
-            if req.matcher.is_terminated():
+            least = req.matcher.distance() if req.matcher.budget_aware else 0
+            if least > req.remaining_new_tokens:
+                req.finish_reason = FinishAbort(status_code=400, message=(
+                    f"max_new_tokens {req.params.max_new_tokens} is below the {len(req.output_ids) + least} tokens "
+                    f"this constraint needs at the least; raise it (max_tokens) to {len(req.output_ids) + least} "
+                    "or more, or send budget_aware=false"))
+            elif req.matcher.is_terminated():
                 req.finish_reason = FinishStop()
             elif req.remaining_new_tokens == 0:
                 req.finish_reason = FinishLength(length=len(req.output_ids))

@@ -108,3 +108,19 @@ def test_a_backtracking_not_pattern_cannot_stall_the_server(server):
     status, out = result["out"]
     assert status == 200 and out["meta_info"]["schema_check"]["valid"] is True, out
     assert slowest < 0.5
+
+
+def test_json_closes_within_max_tokens_and_a_too_small_budget_is_a_400(server):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {
+        "type": "string"}}}, "required": ["name", "tags"]}
+    chat = {"model": server.model, "messages": [{"role": "user", "content": "JSON please"}], "temperature": 1.0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    for seed in range(4):
+        status, out = server.request("POST", "/v1/chat/completions", {**chat, "max_tokens": 16, "seed": seed})
+        assert status == 200, out
+        assert set(json.loads(out["choices"][0]["message"]["content"])) == {"name", "tags"}
+    status, out = server.request("POST", "/v1/chat/completions", {**chat, "max_tokens": 3})
+    assert status == 400 and "needs at the least" in out["error"]["message"], out
+    status, out = server.request("POST", "/generate", {"text": "x", "sampling_params": {
+        "json_object": True, "max_new_tokens": 6, "temperature": 1.0}})
+    assert status == 200 and isinstance(json.loads(out["text"]), dict), out
