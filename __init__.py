@@ -43,13 +43,15 @@ from arbor.frontend_lang.backends import BackendError, EngineBackend, OpenAI, Ru
 from arbor.frontend_lang.chat_template import ChatTemplate, get_chat_template
 from arbor.frontend_lang.interpreter import ProgramState, ProgramStateGroup
 from arbor.frontend_lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
+from arbor.frontend_lang.tools import call_tool, gen_tool_call
 
 Runtime = EngineBackend  # SGLang's name for a runtime owned by the program
 
 __all__ = [
     "REGEX_BOOL", "REGEX_FLOAT", "REGEX_INT", "REGEX_STR", "BackendError", "ChatTemplate", "Engine",
     "EngineBackend", "OpenAI", "ProgramState", "ProgramStateGroup", "Runtime", "RuntimeEndpoint", "ServerArgs",
-    "assistant", "assistant_begin", "assistant_end", "flush_cache", "function", "gen", "gen_int", "gen_string",
+    "assistant", "assistant_begin", "assistant_end", "call_tool", "flush_cache", "function", "gen", "gen_int",
+    "gen_string", "gen_tool_call",
     "get_chat_template", "get_default_backend", "select", "set_default_backend", "system", "system_begin",
     "system_end", "user", "user_begin", "user_end",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -25,6 +26,11 @@ def _run(name: str, server) -> str:
 def test_agent_examples_run(dsl_server, name) -> None:
     out = _run(name, dsl_server)
     assert ("answer:" in out) if name == "react_agent.py" else re.search(r"^9 leaves", out, re.M)
+    if name == "react_agent.py":  # every action is a call to a known tool with fitting arguments
+        calls = [json.loads(line.split(": ", 1)[1]) for line in out.splitlines() if line.startswith("Action ")]
+        assert calls and all(c["name"] in ("calculate", "lookup", "finish") for c in calls), out
+        assert all(set(c["arguments"]) == ({"expression"} if c["name"] == "calculate" else
+                                           {"term"} if c["name"] == "lookup" else {"answer"}) for c in calls)
 
 
 def test_json_extraction_outputs_parse(dsl_server) -> None:
