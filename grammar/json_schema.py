@@ -143,6 +143,9 @@ class _Builder:
             if s["not"] in ({}, True):
                 return None
             self.unenforced.add("not")
+        for key in _CONDITIONAL:  # checked after generation, never silently dropped
+            if key in s:
+                self.unenforced.add(key)
         if "const" in s:
             return json_literal(s["const"])
         if "enum" in s:
@@ -406,6 +409,7 @@ class _Builder:
 
 
 _CONTAINERS = {"definitions", "$defs", "id"}
+_CONDITIONAL = ("if", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames")
 _ANNOTATIONS = {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
 
 

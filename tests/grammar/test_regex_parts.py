@@ -76,3 +76,12 @@ def test_the_post_check_reports_a_number_too_large_for_multiple_of() -> None:
     schema = Constraint(kind="json_schema", text=json.dumps({"type": "number", "multipleOf": 0.01}))
     assert check_output(schema, "1e400", ["multipleOf"])["valid"] is False
     assert check_output(schema, "0.25", ["multipleOf"])["valid"] is True
+
+
+def test_conditional_keywords_are_reported_not_dropped() -> None:
+    """`if`/`then` (and the dependent* family) cannot be a regex: they must reach the post-check,
+    or an output that breaks them would finish as `stop`."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+              "if": {"properties": {"b": {"const": 1}}}, "then": {"required": ["a"]}}
+    assert schema_to_regex(schema).unenforced == ["if"]
+    assert schema_to_regex({"type": "object", "dependentRequired": {"a": ["b"]}}).unenforced == ["dependentRequired"]
