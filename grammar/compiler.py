@@ -1,12 +1,18 @@
-"""GrammarCompiler: constraint -> CompiledGrammar, off the scheduler's thread, bounded.
+"""GrammarCompiler: constraint -> compiled grammar, off the scheduler's thread, bounded.
+
+Three backends (`CompilerConfig.backend`): outlines (Arbor's schema->regex over an
+outlines-core automaton; the default), xgrammar and llguidance (pushdown automata, so also
+EBNF and structural tags). A constraint kind the chosen backend cannot express (EBNF and
+structural tags on outlines) goes to xgrammar (`backend_for`).
 
 A thread pool drives worker processes (grammar/worker.py), one per thread, so a compile
 never blocks the scheduler loop, a slow one is killed at the time limit and a huge one dies
-alone at the memory cap. Every regex is compiled as `(?:R)\\x00`: outlines-core 0.2.14 drops
-tokens that end one byte past a point where R may already end (it rejects "." after "3" in
-`[0-9]+(\\.[0-9]+)?`); with the sentinel no point inside R is final, and the sentinel token
-stands for "may end here" (EOS) in the masks. Results live in an LRU bounded in bytes and,
-optionally, on disk keyed by (kind, text, vocabulary).
+alone at the memory cap; llguidance, fuel-bounded and GIL-free, builds on the pool's thread
+(grammar/llguidance_backend.py). Every outlines regex is compiled as `(?:R)\\x00`:
+outlines-core 0.2.14 drops tokens that end one byte past a point where R may already end (it
+rejects "." after "3" in `[0-9]+(\\.[0-9]+)?`); with the sentinel no point inside R is final,
+and the sentinel token stands for "may end here" (EOS) in the masks. Results live in an LRU
+bounded in bytes and, optionally, on disk keyed by (backend, kind, text, vocabulary).
 """
 
 from __future__ import annotations
@@ -21,18 +27,22 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import outlines_core
 
 from arbor.grammar.budget import Distances
-from arbor.grammar.constraint import Constraint, plan
+from arbor.grammar.constraint import BACKENDS, Constraint, backend_for, plan, post_checked
+from arbor.grammar.llguidance_backend import LlguidanceGrammar, grammar_text, make_tokenizer
 from arbor.grammar.matcher import CompiledGrammar, VocabTables
 from arbor.grammar.vocabulary import TokenVocabulary
-from arbor.grammar.worker import CompileDone, CompileJob, read_frame, write_frame
+from arbor.grammar.worker import CompileDone, CompileJob, WorkerInit, read_frame, write_frame
+from arbor.grammar.xgrammar_backend import XgrammarGrammar, tokenizer_info_json
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +59,7 @@ class GrammarBusy(GrammarError):
 class CompilerConfig:
     """Limits of the compile service (ServerArgs.grammar_* flags)."""
 
+    backend: str = "outlines"  # outlines | xgrammar | llguidance
     workers: int = 2
     timeout_s: float = 10.0
     memory_mb: int = 4096
@@ -61,8 +72,8 @@ class CompilerConfig:
 class _Worker:
     """One compile worker process, restarted after it is killed or dies."""
 
-    def __init__(self, vocab_blob: bytes, memory_mb: int) -> None:
-        self.vocab_blob = vocab_blob
+    def __init__(self, init: bytes, memory_mb: int) -> None:
+        self.init = init  # the WorkerInit frame
         self.memory_mb = memory_mb
         self.proc: subprocess.Popen | None = None
         self.encode = msgspec.msgpack.Encoder().encode
@@ -80,14 +91,13 @@ class _Worker:
         ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
         if not ready:
             self.kill()
-            raise GrammarError(f"compiling the constraint took longer than {timeout_s:g} s; simplify it "
-                               "(fewer optional properties, smaller bounds) or raise --grammar-compile-timeout-s")
+            raise GrammarError(_too_slow(timeout_s))
         frame = read_frame(proc.stdout)
         if frame is None:
             return self._died()
         done = self.decode(frame)
         if done.error:
-            raise GrammarError(f"the constraint's regex does not compile: {done.error}")
+            raise GrammarError(f"the constraint does not compile: {done.error}")
         return done
 
     def _died(self) -> CompileDone:
@@ -102,7 +112,7 @@ class _Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
         assert self.proc.stdin is not None
-        write_frame(self.proc.stdin, self.vocab_blob)
+        write_frame(self.proc.stdin, self.init)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -112,20 +122,30 @@ class _Worker:
 
 
 class GrammarCompiler:
-    """Compiles constraints for one vocabulary; `submit` returns a Future of CompiledGrammar
-    (its exception is a GrammarError with a message for the user)."""
+    """Compiles constraints for one vocabulary; `submit` returns a Future of a compiled grammar
+    (CompiledGrammar, XgrammarGrammar or LlguidanceGrammar; each makes matchers with
+    `.matcher()`), whose exception is a GrammarError with a message for the user."""
 
-    def __init__(self, vocab: TokenVocabulary, config: CompilerConfig | None = None) -> None:
+    def __init__(self, vocab: TokenVocabulary, config: CompilerConfig | None = None,
+                 encode: Callable[[str], list[int]] | None = None) -> None:
+        """`encode` (text -> token ids, the Hugging Face tokenizer's) is needed by llguidance."""
         self.config = config or CompilerConfig()
+        if self.config.backend not in BACKENDS:
+            raise ValueError(f"grammar backend {self.config.backend!r} is unknown; use one of {', '.join(BACKENDS)}")
+        if self.config.backend == "llguidance" and encode is None:
+            raise ValueError("the llguidance backend needs the tokenizer's encode function")
+        self.vocab = vocab
+        self.encode = encode
         self.tables = VocabTables.build(vocab)
         blob = vocab.outlines().__reduce__()[1][0]
         self.vocab_digest = hashlib.sha256(blob).hexdigest()[:16]
-        self._workers: queue.Queue[_Worker] = queue.Queue()
-        for _ in range(self.config.workers):
-            self._workers.put(_Worker(blob, self.config.memory_mb))
+        self._inits = {"outlines": lambda: blob, "xgrammar": lambda: tokenizer_info_json(vocab)}
+        self._workers: dict[str, queue.Queue[_Worker]] = {}
+        self._xgrammar_info: Any = None
+        self._llguidance_tokenizer: Any = None
         self._pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="grammar")
         self._lock = threading.Lock()
-        self._cache: OrderedDict[Constraint, CompiledGrammar] = OrderedDict()
+        self._cache: OrderedDict[Constraint, Any] = OrderedDict()
         self._cache_bytes = 0
         self._pending: dict[Constraint, Future] = {}
         self._failed: OrderedDict[Constraint, str] = OrderedDict()  # constraint -> its error message
@@ -154,38 +174,28 @@ class GrammarCompiler:
             self._pending[constraint] = future
             return future
 
-    def compile(self, constraint: Constraint) -> CompiledGrammar:
+    def compile(self, constraint: Constraint) -> Any:
         """Blocking form of `submit`."""
         return self.submit(constraint).result()
 
     def close(self) -> None:
         """Stop the pool and kill the worker processes."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        while not self._workers.empty():
-            self._workers.get().kill()
+        with self._lock:
+            queues = list(self._workers.values())
+        for workers in queues:
+            while not workers.empty():
+                workers.get().kill()
 
-    def _compile(self, constraint: Constraint) -> CompiledGrammar:
+    def _compile(self, constraint: Constraint) -> Any:
         try:
             start = time.perf_counter()
+            backend = backend_for(self.config.backend, constraint.kind)
+            build = {"outlines": self._outlines, "xgrammar": self._xgrammar, "llguidance": self._llguidance}[backend]
             try:
-                regex_plan = plan(constraint)
+                grammar = build(constraint)
             except ValueError as exc:
                 raise GrammarError(str(exc)) from None
-            done = self._disk_get(constraint)
-            if done is None:
-                # JSON is budget-aware by default: its distances are built in the worker too.
-                sentinel = self.tables.sentinel if constraint.kind in ("json_schema", "json_object") else -1
-                worker = self._workers.get()
-                try:
-                    done = worker.compile(CompileJob(f"(?:{regex_plan.regex})\\x00", sentinel), self.config.timeout_s)
-                finally:
-                    self._workers.put(worker)
-                self._disk_put(constraint, done)
-            else:
-                self.stats["disk_hits"] += 1
-            index = outlines_core.Index.from_binary(done.index)
-            distances = Distances.from_bytes(done.distances) if done.distances else None
-            grammar = CompiledGrammar(index, self.tables, regex_plan.unenforced, len(done.index), distances)
             self.stats["compiles"] += 1
             self.stats["compile_s"] += time.perf_counter() - start
             self._remember(constraint, grammar)
@@ -201,6 +211,77 @@ class GrammarCompiler:
             with self._lock:
                 self._pending.pop(constraint, None)
 
+    def _outlines(self, constraint: Constraint) -> CompiledGrammar:
+        regex_plan = plan(constraint)
+        # JSON is budget-aware by default: its distances are built in the worker too.
+        sentinel = self.tables.sentinel if constraint.kind in ("json_schema", "json_object") else -1
+        done = self._run("outlines", constraint, CompileJob(f"(?:{regex_plan.regex})\\x00", sentinel))
+        index = outlines_core.Index.from_binary(done.index)
+        distances = Distances.from_bytes(done.distances) if done.distances else None
+        return CompiledGrammar(index, self.tables, regex_plan.unenforced, len(done.index), distances)
+
+    def _xgrammar(self, constraint: Constraint) -> XgrammarGrammar:
+        import xgrammar
+
+        regex = plan(constraint).regex if constraint.kind in ("regex", "choices") else ""
+        done = self._run("xgrammar", constraint, CompileJob(regex, kind=constraint.kind, text=constraint.text))
+        with self._lock:
+            if self._xgrammar_info is None:
+                self._xgrammar_info = xgrammar.TokenizerInfo.deserialize_json(self._inits["xgrammar"]().decode())
+        return XgrammarGrammar(done.index, self._xgrammar_info, self.tables, post_checked(constraint, "xgrammar"))
+
+    def _llguidance(self, constraint: Constraint) -> LlguidanceGrammar:
+        """Built on a helper thread, so the time limit holds (llguidance's fuel bounds the rest)."""
+        with self._lock:
+            if self._llguidance_tokenizer is None:
+                self._llguidance_tokenizer = make_tokenizer(self.vocab, self.encode)
+        regex = plan(constraint).regex if constraint.kind in ("regex", "choices") else ""
+        try:
+            text = grammar_text(constraint.kind, constraint.text, regex)
+        except ValueError as exc:
+            raise GrammarError(f"the constraint does not compile: {exc}") from None
+        result: Future = Future()
+
+        def build() -> None:
+            try:
+                result.set_result(LlguidanceGrammar(self._llguidance_tokenizer, text, self.tables,
+                                                    post_checked(constraint, "llguidance")))
+            except Exception as exc:
+                result.set_exception(exc)
+
+        threading.Thread(target=build, name="llguidance-build", daemon=True).start()
+        try:
+            return result.result(timeout=self.config.timeout_s)
+        except TimeoutError:
+            raise GrammarError(_too_slow(self.config.timeout_s)) from None
+        except ValueError as exc:
+            raise GrammarError(f"the constraint does not compile: {exc}") from None
+
+    def _run(self, backend: str, constraint: Constraint, job: CompileJob) -> CompileDone:
+        """The worker's answer for `job`, or the disk cache's."""
+        done = self._disk_get(backend, constraint)
+        if done is not None:
+            self.stats["disk_hits"] += 1
+            return done
+        workers = self._worker_queue(backend)
+        worker = workers.get()
+        try:
+            done = worker.compile(job, self.config.timeout_s)
+        finally:
+            workers.put(worker)
+        self._disk_put(backend, constraint, done)
+        return done
+
+    def _worker_queue(self, backend: str) -> queue.Queue[_Worker]:
+        with self._lock:
+            workers = self._workers.get(backend)
+            if workers is None:
+                init = msgspec.msgpack.encode(WorkerInit(backend, self._inits[backend]()))
+                workers = self._workers[backend] = queue.Queue()
+                for _ in range(self.config.workers):
+                    workers.put(_Worker(init, self.config.memory_mb))
+            return workers
+
     def _remember(self, constraint: Constraint, grammar: CompiledGrammar) -> None:
         limit = self.config.cache_mb << 20
         with self._lock:
@@ -210,26 +291,32 @@ class GrammarCompiler:
                 _, old = self._cache.popitem(last=False)
                 self._cache_bytes -= old.size_bytes
 
-    def _disk_path(self, constraint: Constraint) -> Path | None:
+    def _disk_path(self, backend: str, constraint: Constraint) -> Path | None:
         if not self.config.cache_dir:
             return None
-        key = hashlib.sha256(f"{constraint.kind}\0{constraint.text}\0{self.vocab_digest}".encode()).hexdigest()
+        key = f"{backend}\0{constraint.kind}\0{constraint.text}\0{self.vocab_digest}"
+        key = hashlib.sha256(key.encode()).hexdigest()
         return Path(self.config.cache_dir) / f"{key}.grammar"
 
-    def _disk_get(self, constraint: Constraint) -> CompileDone | None:
-        path = self._disk_path(constraint)
+    def _disk_get(self, backend: str, constraint: Constraint) -> CompileDone | None:
+        path = self._disk_path(backend, constraint)
         if path is None or not path.exists():
             return None
         return msgspec.msgpack.decode(path.read_bytes(), type=CompileDone)
 
-    def _disk_put(self, constraint: Constraint, done: CompileDone) -> None:
-        path = self._disk_path(constraint)
+    def _disk_put(self, backend: str, constraint: Constraint, done: CompileDone) -> None:
+        path = self._disk_path(backend, constraint)
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(msgspec.msgpack.encode(done))
         tmp.replace(path)
+
+
+def _too_slow(timeout_s: float) -> str:
+    return (f"compiling the constraint took longer than {timeout_s:g} s; simplify it (fewer optional "
+            "properties, smaller bounds) or raise --grammar-compile-timeout-s")
 
 
 def _failed_future(exc: Exception) -> Future:

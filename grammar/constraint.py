@@ -12,22 +12,41 @@ import re2
 
 from arbor.grammar.json_schema import RegexPlan, any_json_regex, regex_for_choices, schema_to_regex
 from arbor.grammar.regex_parts import SchemaError
+from arbor.grammar.structural_tag import canonical
 
-KINDS = ("json_schema", "regex", "choices", "json_object")
+KINDS = ("json_schema", "regex", "choices", "json_object", "ebnf", "structural_tag")
+BACKENDS = ("outlines", "xgrammar", "llguidance")
+REGULAR_KINDS = ("json_schema", "regex", "choices", "json_object")  # what the outlines backend takes
 MAX_CONSTRAINT_CHARS = 200_000
 
 
 class Constraint(msgspec.Struct, frozen=True, tag=True):
-    """kind: json_schema | regex | choices | json_object; text: its canonical source. Frozen,
-    so it keys the compile cache."""
+    """kind: one of KINDS; text: its canonical source. Frozen, so it keys the compile cache."""
 
     kind: str
     text: str = ""
 
 
-def constraint_from_params(params: dict[str, Any]) -> Constraint | None:
-    """Pop `regex`, `json_schema`, `choices` or `json_object` from a sampling-params dict;
-    raises ValueError (an HTTP 400) when it is malformed or there is more than one."""
+def backend_for(configured: str, kind: str) -> str:
+    """The backend that compiles `kind` on a server configured with `configured`: EBNF and
+    structural tags need a pushdown automaton, so outlines hands them to xgrammar."""
+    return "xgrammar" if configured == "outlines" and kind not in REGULAR_KINDS else configured
+
+
+def post_checked(constraint: Constraint, backend: str) -> list[str]:
+    """The schema keywords a finished output is validated against after generation: those
+    Arbor's regex cannot express on outlines; on the other backends, the whole schema."""
+    if constraint.kind != "json_schema":
+        return []
+    if backend == "outlines":
+        return plan(constraint).unenforced
+    return [f"(every keyword: the {backend} backend's output is validated after generation)"]
+
+
+def constraint_from_params(params: dict[str, Any], backend: str = "outlines") -> Constraint | None:
+    """Pop `regex`, `json_schema`, `choices`, `json_object`, `ebnf` or `structural_tag` from a
+    sampling-params dict; raises ValueError (an HTTP 400) when it is malformed or there is
+    more than one. Checks what can be checked without compiling on `backend`."""
     given = {k: params.pop(k) for k in KINDS if params.get(k) is not None}
     for k in KINDS:
         params.pop(k, None)
@@ -51,13 +70,21 @@ def constraint_from_params(params: dict[str, Any]) -> Constraint | None:
         constraint = Constraint("json_schema", json.dumps(value, separators=(",", ":"), ensure_ascii=False))
     elif kind == "choices":
         constraint = Constraint("choices", json.dumps(value, ensure_ascii=False))
+    elif kind == "ebnf":
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError("ebnf must be a non-empty grammar text (GBNF: root ::= ...)")
+        constraint = Constraint("ebnf", value)
+    elif kind == "structural_tag":
+        constraint = Constraint("structural_tag", json.dumps(canonical(value), separators=(",", ":"),
+                                                             ensure_ascii=False))
     else:
         if not isinstance(value, str) or not value:
             raise ValueError("regex must be a non-empty string")
         constraint = Constraint("regex", value)
     if len(constraint.text) > MAX_CONSTRAINT_CHARS:
         raise ValueError(f"{kind} has {len(constraint.text):,} characters; the limit is {MAX_CONSTRAINT_CHARS:,}")
-    plan(constraint)  # fail fast on what can be checked without compiling
+    if backend_for(backend, kind) == "outlines" or kind in ("regex", "choices"):
+        plan(constraint)  # fail fast on what can be checked without compiling
     return constraint
 
 
@@ -66,7 +93,7 @@ _NEGATED_CLASS = re.compile(r"\[\^(?:\\.|[^\]\\])*\]")
 
 @functools.lru_cache(maxsize=256)
 def plan(constraint: Constraint) -> RegexPlan:
-    """The regex a constraint compiles to (memoised); raises ValueError naming the problem."""
+    """The regex a regular constraint compiles to (memoised); raises ValueError naming the problem."""
     try:
         if constraint.kind == "json_schema":
             return schema_to_regex(json.loads(constraint.text))
@@ -85,6 +112,8 @@ def plan(constraint: Constraint) -> RegexPlan:
             return RegexPlan(constraint.text)
     except SchemaError as exc:
         raise ValueError(f"{constraint.kind}: {exc}") from None
+    if constraint.kind in KINDS:
+        raise ValueError(f"{constraint.kind} needs a pushdown-automaton backend (xgrammar or llguidance)")
     raise ValueError(f"unknown constraint kind {constraint.kind!r}; use one of {', '.join(KINDS)}")
 
 

@@ -61,8 +61,9 @@ def _has(row: np.ndarray, token: int) -> bool:
     return bool((int(row[token >> 5]) >> (token & 31)) & 1)
 
 
-def _set(row: np.ndarray, tokens: np.ndarray, on: bool) -> None:
-    for token in tokens.tolist():
+def set_bits(row: np.ndarray, tokens: np.ndarray | list[int], on: bool) -> None:
+    """Turn the bits of `tokens` on (or off) in the int32 bitset `row`."""
+    for token in np.asarray(tokens).tolist():
         word = int(row[token >> 5]) & 0xFFFFFFFF
         word = word | (1 << (token & 31)) if on else word & ~(1 << (token & 31))
         row[token >> 5] = np.uint32(word).view(np.int32)
@@ -91,6 +92,10 @@ class CompiledGrammar:
         self._max_masks = max(16, MASK_CACHE_BYTES // (tables.words * 4))
         self._distances = distances
 
+    def matcher(self, budget_aware: bool = False) -> GrammarMatcher:
+        """A fresh matcher at the initial state."""
+        return GrammarMatcher(self, budget_aware)
+
     @property
     def distances(self) -> Distances:
         """Fewest tokens to an end from each state (the worker builds them for JSON; for other
@@ -106,7 +111,7 @@ class CompiledGrammar:
         end = None
         if self.info(state, guide).allows_end:
             end = np.zeros_like(row)
-            _set(end, self.tables.eos_ids, on=True)
+            set_bits(end, self.tables.eos_ids, on=True)
         return self.distances.limited(self.index, state, row, end, most)
 
     def mask(self, state: int, guide: outlines_core.Guide) -> np.ndarray:
@@ -130,11 +135,11 @@ class CompiledGrammar:
         guide.write_mask_into(wide.ctypes.data, wide.size, 4)
         row = wide[: t.words].copy()
         ends = _has(row, t.sentinel)
-        _set(row, np.append(t.eos_ids, t.sentinel), on=False)  # EOS follows the sentinel only
+        set_bits(row, np.append(t.eos_ids, t.sentinel), on=False)  # EOS follows the sentinel only
         terminal = ends and not row.any()
         forced = -1 if ends else t.forced_byte(row)
         if ends:
-            _set(row, t.eos_ids, on=True)
+            set_bits(row, t.eos_ids, on=True)
         info = _StateInfo(allows_end=ends, terminal=terminal, forced_byte=forced)
         self._info[state] = info
         self._masks[state] = row

@@ -1,9 +1,11 @@
-"""The compile worker: a child process that builds outlines-core indexes under a memory cap.
+"""The compile worker: a child process that compiles constraints under a memory cap.
 
 `python -m arbor.grammar.worker MEMORY_MB` reads length-prefixed msgpack frames on stdin: first
-the serialized vocabulary, then `CompileJob`s; it answers each with a `CompileDone` on
-stdout. A regex whose automaton outgrows the cap kills only this process (the parent sees
-the pipe close and reports it), never the scheduler.
+a `WorkerInit` (the backend and its serialized vocabulary), then `CompileJob`s; it answers each
+with a `CompileDone` on stdout. The outlines backend builds an outlines-core Index (and the
+budget distances); the xgrammar backend a CompiledGrammar in xgrammar's JSON form. A grammar
+that outgrows the cap kills only this process (the parent sees the pipe close and reports
+it), never the scheduler.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import resource
 import struct
 import sys
+from collections.abc import Callable
 from typing import BinaryIO
 
 import msgspec
@@ -18,15 +21,27 @@ import msgspec
 _HEADER = struct.Struct(">I")
 
 
+class WorkerInit(msgspec.Struct):
+    """backend: outlines | xgrammar; vocab: outlines-core's binary Vocabulary, or xgrammar's
+    serialized TokenizerInfo."""
+
+    backend: str
+    vocab: bytes
+
+
 class CompileJob(msgspec.Struct):
-    """Build the index of one regex (and, with `sentinel` >= 0, its budget distances)."""
+    """Compile one constraint. outlines: the index of `regex` (and, with `sentinel` >= 0, its
+    budget distances); xgrammar: `kind` and `text` (`regex` for regex and choices)."""
 
     regex: str
     sentinel: int = -1
+    kind: str = ""
+    text: str = ""
 
 
 class CompileDone(msgspec.Struct):
-    """The serialized index and distances (budget.Distances.to_bytes), or the compiler's error."""
+    """The serialized index (or xgrammar grammar) and distances (budget.Distances.to_bytes),
+    or the compiler's error."""
 
     index: bytes = b""
     distances: bytes = b""
@@ -51,29 +66,54 @@ def read_frame(stream: BinaryIO) -> bytes | None:
 def main() -> None:
     limit = int(sys.argv[1]) << 20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    frame = read_frame(stdin)
+    if frame is None:
+        return
+    init = msgspec.msgpack.decode(frame, type=WorkerInit)
+    compile_one = _xgrammar(init.vocab) if init.backend == "xgrammar" else _outlines(init.vocab)
+    decode = msgspec.msgpack.Decoder(CompileJob).decode
+    encode = msgspec.msgpack.Encoder().encode
+    while (frame := read_frame(stdin)) is not None:
+        try:
+            done = compile_one(decode(frame))
+        except MemoryError:
+            done = CompileDone(error="the grammar outgrew the compiler's memory limit")
+        except Exception as exc:  # a constraint the backend rejects: report its words
+            done = CompileDone(error=str(exc).strip().split("\n")[0][:500] or type(exc).__name__)
+        write_frame(stdout, encode(done))
+
+
+def _outlines(blob: bytes) -> Callable[[CompileJob], CompileDone]:
     import outlines_core
 
     from arbor.grammar.budget import Distances
 
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    blob = read_frame(stdin)
-    if blob is None:
-        return
     vocabulary = outlines_core.Vocabulary.from_binary(blob)
-    decode = msgspec.msgpack.Decoder(CompileJob).decode
-    encode = msgspec.msgpack.Encoder().encode
-    while (frame := read_frame(stdin)) is not None:
-        job = decode(frame)
-        try:
-            index = outlines_core.Index(job.regex, vocabulary)
-            done = CompileDone(index=_index_bytes(index))
-            if job.sentinel >= 0:
-                done.distances = Distances.build(index, job.sentinel).to_bytes()
-        except MemoryError:
-            done = CompileDone(error="the automaton outgrew the compiler's memory limit")
-        except Exception as exc:  # a regex outlines-core rejects: report its words
-            done = CompileDone(error=str(exc) or type(exc).__name__)
-        write_frame(stdout, encode(done))
+
+    def compile_one(job: CompileJob) -> CompileDone:
+        index = outlines_core.Index(job.regex, vocabulary)
+        done = CompileDone(index=_index_bytes(index))
+        if job.sentinel >= 0:
+            done.distances = Distances.build(index, job.sentinel).to_bytes()
+        return done
+
+    return compile_one
+
+
+def _xgrammar(info_json: bytes) -> Callable[[CompileJob], CompileDone]:
+    import xgrammar
+
+    from arbor.grammar.xgrammar_backend import compile_source
+
+    info = xgrammar.TokenizerInfo.deserialize_json(info_json.decode())
+    compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def compile_one(job: CompileJob) -> CompileDone:
+        grammar = compile_source(compiler, job.kind, job.text, job.regex)
+        return CompileDone(index=grammar.serialize_json().encode())
+
+    return compile_one
 
 
 def _index_bytes(index: object) -> bytes:

@@ -108,6 +108,12 @@ class ServerArgs:
                                          "connection is closed.")
     body_timeout_s: float = _opt(30.0, "Longest wait for the next piece of a request body (408 after it).")
     keep_alive_timeout_s: int = _opt(5, "Idle keep-alive connections close after this many seconds.")
+    grammar_backend: str = _opt(
+        "outlines", "What compiles constraints and writes their masks: outlines (Arbor's JSON-schema->regex on "
+        "outlines-core's automaton; budget-aware closing of JSON), xgrammar or llguidance (pushdown automata: "
+        "also EBNF and structural tags). On outlines, EBNF and structural tags go to xgrammar.",
+        ("outlines", "xgrammar", "llguidance"),
+    )
     grammar_workers: int = _opt(2, "Constraint compile worker processes (each compiles one grammar at a time).")
     grammar_compile_timeout_s: float = _opt(
         10.0, "Longest a constraint may compile; slower ones end their request with an error."

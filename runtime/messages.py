@@ -94,6 +94,15 @@ class Bootstrap(msgspec.Struct, kw_only=True, frozen=True):
     room: int
 
 
+class ReasoningMarkers(msgspec.Struct, frozen=True):
+    """The reasoning section's marker token ids: the request's constraint starts after the end
+    marker (grammar/reasoning_gate.py). opens_inside: the answer starts inside the section."""
+
+    start_ids: list[int]
+    end_ids: list[int]
+    opens_inside: bool = False
+
+
 class TokenizedGenerateReq(_Msg):
     """One generation request, tokenized. `n` samples share one prefill of the prompt."""
 
@@ -107,7 +116,8 @@ class TokenizedGenerateReq(_Msg):
     top_logprobs_num: int = 0
     cache_salt: str | None = None
     output: OutputOptions = OutputOptions()
-    constraint: Constraint | None = None  # regex / json_schema / choices / json_object
+    constraint: Constraint | None = None  # json_schema / regex / choices / json_object / ebnf / structural_tag
+    reasoning: ReasoningMarkers | None = None  # the constraint applies after the reasoning section
     bootstrap: Bootstrap | None = None  # prefill/decode disaggregation
 
 

@@ -30,6 +30,7 @@ class GenerateInput:
     rid: str | None = None
     owner: str | None = None  # the tenant (API key) that sent it; rids are per owner
     bootstrap: Bootstrap | None = None  # prefill/decode disaggregation: sglang-router's bootstrap fields
+    require_reasoning: bool = False  # the output opens with a reasoning section; constrain what follows
 
 
 def split_batch(text: Any, input_ids: Any, sampling_params: Any, **options: Any) -> tuple[list[GenerateInput], bool]:

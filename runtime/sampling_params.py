@@ -91,13 +91,14 @@ class SamplingParams:
 
 # SGLang SamplingParams fields Arbor does not implement: accepted only at their defaults.
 DEFAULT_ONLY: dict[str, Any] = {
-    "beam_width": None, "ebnf": None, "structural_tag": None, "logit_bias": None, "custom_params": None,
+    "beam_width": None, "logit_bias": None, "custom_params": None,
     "watermark": None, "stop_strs": None, "stop_regex_strs": None, "stop_str_max_len": 0,
     "stop_regex_max_len": 0, "is_normalized": False, "ebnf_full_assistant": False,
 }
 # Keys the front door takes out before `from_dict`: output options, n, constraints.
 FRONT_DOOR_KEYS = {"stop", "stop_regex", "no_stop_trim", "skip_special_tokens", "spaces_between_special_tokens",
-                   "stream_interval", "n", "regex", "json_schema", "choices", "json_object", "sampling_seed"}
+                   "stream_interval", "n", "regex", "json_schema", "choices", "json_object", "ebnf", "structural_tag",
+                   "sampling_seed"}
 
 
 def _is_number(x: Any) -> bool:

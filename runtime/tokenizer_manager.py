@@ -18,7 +18,7 @@ from typing import Any
 
 import zmq.asyncio
 
-from arbor.grammar.constraint import check_output, constraint_from_params, plan
+from arbor.grammar.constraint import backend_for, check_output, constraint_from_params, post_checked
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.ipc import AsyncPuller, AsyncPusher
 from arbor.runtime.messages import (
@@ -31,6 +31,7 @@ from arbor.runtime.messages import (
     OutputOptions,
     ProcessError,
     Ready,
+    ReasoningMarkers,
     ShutdownReq,
     Stats,
     StatsReq,
@@ -43,6 +44,8 @@ from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
 from arbor.runtime.processes import ChildProcesses
 from arbor.runtime.request import GenerateInput
 from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.server.reasoning import END as THINK_END
+from arbor.runtime.server.reasoning import START as THINK_START
 
 logger = logging.getLogger(__name__)
 CHILDREN = ("scheduler", "detokenizer")
@@ -171,7 +174,7 @@ class TokenizerManager:
         if raw is not None and not isinstance(raw, dict):
             raise ValueError(f"sampling_params must be an object, got {type(raw).__name__}")
         raw = dict(raw or {})
-        constraint = constraint_from_params(raw)
+        constraint = constraint_from_params(raw, self.args.grammar_backend)
         output, n, interval = self._output_options(raw)
         params = self._sampling(ids, raw)
         start = _logprob_args(req, len(ids))
@@ -184,10 +187,22 @@ class TokenizerManager:
             rid=rid, input_ids=pack_ids(ids), sampling=params, n=n, stream=req.stream,
             return_logprob=req.return_logprob, logprob_start_len=start, top_logprobs_num=req.top_logprobs_num,
             cache_salt=req.cache_salt, output=output, constraint=constraint,
+            reasoning=self._reasoning_markers() if req.require_reasoning and constraint is not None else None,
             bootstrap=req.bootstrap if self.args.disaggregation_mode != "null" else None,
         )
-        unenforced = plan(constraint).unenforced if constraint is not None else []
+        unenforced = []
+        if constraint is not None:
+            unenforced = post_checked(constraint, backend_for(self.args.grammar_backend, constraint.kind))
         return Prepared(msg, rids, ids, req.return_text_in_logprobs, unenforced, interval, label, req.owner)
+
+    def _reasoning_markers(self) -> ReasoningMarkers:
+        """The token ids of --reasoning-parser's <think> and </think>, for require_reasoning."""
+        parser = self.args.reasoning_parser
+        if parser is None:
+            raise ValueError("require_reasoning needs a server started with --reasoning-parser (qwen3 or "
+                             "deepseek-r1); without one, leave it false")
+        ids = [self.tokenizer.encode(mark, add_special_tokens=False) for mark in (THINK_START, THINK_END)]
+        return ReasoningMarkers(start_ids=ids[0], end_ids=ids[1], opens_inside=parser == "deepseek-r1")
 
     def prepare_batch(self, inputs: list[GenerateInput]) -> list[Prepared]:
         """`prepare` every prompt of a batch; its request ids must differ from each other."""

@@ -16,7 +16,7 @@ import torch
 from arbor.grammar.compiler import CompilerConfig, GrammarCompiler
 from arbor.grammar.constraint import Constraint
 from arbor.grammar.jump_forward import Retokenizer
-from arbor.grammar.matcher import GrammarMatcher
+from arbor.grammar.reasoning_gate import ReasoningGate
 from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.kernels.reference import apply_token_bitmask_ref
 from arbor.runtime.config import ServerArgs
@@ -30,7 +30,7 @@ class GrammarBackend:
 
     def __init__(self, args: ServerArgs, tokenizer_path: str, eos_ids: list[int], logits_size: int) -> None:
         self.jump_forward = not args.disable_jump_forward
-        self.config = CompilerConfig(workers=args.grammar_workers, timeout_s=args.grammar_compile_timeout_s,
+        self.config = CompilerConfig(backend=args.grammar_backend, workers=args.grammar_workers, timeout_s=args.grammar_compile_timeout_s,
                                      memory_mb=args.grammar_max_memory_mb, cache_mb=args.grammar_cache_mb,
                                      cache_dir=args.grammar_cache_dir, max_pending=args.grammar_max_pending)
         self._setup_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-setup")
@@ -44,10 +44,11 @@ class GrammarBackend:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
         vocab = TokenVocabulary.from_tokenizer(tokenizer, eos_ids, logits_size)
         self.retokenizer = Retokenizer(tokenizer, vocab)
-        self.compiler = GrammarCompiler(vocab, self.config)
+        self.compiler = GrammarCompiler(vocab, self.config,
+                                        encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
 
     def submit(self, constraint: Constraint) -> Future:
-        """A Future of the CompiledGrammar (exception: a message for the user)."""
+        """A Future of the compiled grammar (exception: a message for the user)."""
         out: Future = Future()
 
         def start(setup: Future) -> None:
@@ -72,7 +73,10 @@ class GrammarBackend:
         budget = req.params.budget_aware
         if budget is None:  # on by default where the output is JSON
             budget = req.constraint is not None and req.constraint.kind in ("json_schema", "json_object")
-        req.matcher = GrammarMatcher(grammar, budget)
+        req.matcher = grammar.matcher(budget)
+        if req.reasoning is not None:
+            marks = req.reasoning
+            req.matcher = ReasoningGate(req.matcher, marks.start_ids, marks.end_ids, marks.opens_inside)
         if self.jump_forward and not req.output_ids and not req.matcher.closing(req.params.max_new_tokens):
             forced = self._forced_tokens(req, b"", req.params.max_new_tokens)
             if forced and req.matcher.accept_tokens(forced):

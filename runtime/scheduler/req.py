@@ -52,7 +52,8 @@ class Req:
     finish_reason: FinishReason | None = None
     constraint: Any = None  # grammar.Constraint of a constrained request
     grammar_future: Any = None  # Future of its CompiledGrammar while it compiles
-    matcher: Any = None  # grammar.GrammarMatcher once compiled
+    matcher: Any = None  # its grammar's matcher once compiled (a ReasoningGate around it with `reasoning`)
+    reasoning: Any = None  # messages.ReasoningMarkers: the constraint starts after the reasoning section
     bootstrap: Bootstrap | None = None  # prefill/decode disaggregation: the KV's source and room
 
     @property

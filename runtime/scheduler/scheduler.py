@@ -106,7 +106,7 @@ class Scheduler:
                       logprob_start=msg.logprob_start_len if msg.return_logprob else -1,
                       top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
                       cache_salt=msg.cache_salt, output=msg.output, arrival=self._arrivals,
-                      constraint=msg.constraint, grammar_future=future, bootstrap=boot)
+                      constraint=msg.constraint, grammar_future=future, bootstrap=boot, reasoning=msg.reasoning)
             if future is not None:
                 self.compiling.append(req)
             else:

@@ -105,7 +105,8 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
                 return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
                 top_logprobs_num=body.top_logprobs_num, return_text_in_logprobs=body.return_text_in_logprobs,
                 cache_salt=state.salt(caller, body.cache_salt, _one_key(body.extra_key)), owner=caller.tenant,
-                bootstrap=bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room))
+                bootstrap=bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room),
+                require_reasoning=body.require_reasoning)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if body.stream and not single:

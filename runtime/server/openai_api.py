@@ -47,8 +47,8 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         if k is not None and not 0 <= k <= MAX_COMPLETION_LOGPROBS:
             raise ApiError(400, f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}", param="logprobs")
         prompts = _completion_prompts(body.prompt)
-        params = _sampling(body, body.max_tokens, "max_tokens") | _constraint(regex=body.regex,
-                                                                              json_schema=body.json_schema)
+        params = _sampling(body, body.max_tokens, "max_tokens") | _constraint(
+            regex=body.regex, json_schema=body.json_schema, ebnf=body.ebnf)
         caller = caller_of(request)
         salt = state.salt(caller, body.cache_salt, body.extra_key)
         rid = body.rid if len(prompts) == 1 else None
@@ -72,9 +72,10 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         body.refuse_unsupported()
         state.check_model(body.model)
         tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.args.tool_call_parser)
-        if tools is not None and tools.forced and (body.response_format is not None or body.regex is not None):
+        if tools is not None and tools.forced and (body.response_format is not None or body.regex is not None
+                                                   or body.ebnf is not None):
             raise ApiError(400, "a required or named tool_choice constrains the answer to tool calls; drop "
-                                "response_format / regex, or send tool_choice \"auto\"", param="tool_choice")
+                                "response_format / regex / ebnf, or send tool_choice \"auto\"", param="tool_choice")
         top = body.top_logprobs
         if top is not None and (not body.logprobs or not 0 <= top <= MAX_CHAT_TOP_LOGPROBS):
             raise ApiError(400, f"top_logprobs needs logprobs=true and must be in [0, {MAX_CHAT_TOP_LOGPROBS}]",
@@ -82,7 +83,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         params = (_sampling(body, max_tokens, param) | _response_format(body.response_format)
-                  | _constraint(regex=body.regex) | (tools.constraint() if tools else {}))
+                  | _constraint(regex=body.regex, ebnf=body.ebnf) | (tools.constraint() if tools else {}))
         if not body.messages:
             raise ApiError(400, "messages is empty; give at least one message", param="messages")
         ids = await state.encode_chat([_message(m) for m in body.messages], tools.template_tools() if tools else None)
@@ -90,6 +91,9 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         caller = caller_of(request)
         one = _input(ids, params, body.stream, k, state.salt(caller, body.cache_salt, body.extra_key), body.rid,
                      caller.tenant, _bootstrap(body, 1))
+        # require_reasoning (with --reasoning-parser): a constraint (response_format, a forced tool
+        # call) shapes the answer after the <think> section, not the reasoning.
+        one.require_reasoning = body.require_reasoning
         prepared = await state.prepare([one])
         meta = _Meta("chatcmpl", state.model_name)
         reasoning = make_reasoning_parser(state.args.reasoning_parser) if body.separate_reasoning else None
@@ -125,6 +129,16 @@ def _response_format(fmt: ResponseFormat | None) -> dict[str, Any]:
         return {}
     if fmt.type == "json_object":
         return {"json_object": True}
+    if fmt.type == "grammar":
+        if not isinstance(fmt.grammar, str) or not fmt.grammar.strip():
+            raise ApiError(400, "response_format type grammar needs grammar: an EBNF text (root ::= ...)",
+                           param="response_format")
+        return {"ebnf": fmt.grammar}
+    if fmt.type == "structural_tag":
+        if fmt.format is not None:
+            return {"structural_tag": {"type": "structural_tag", "format": fmt.format}}
+        return {"structural_tag": {"type": "structural_tag", "structures": fmt.structures, "triggers": fmt.triggers,
+                                   "at_least_one": fmt.at_least_one}}
     spec = fmt.json_schema
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
         raise ApiError(400, "response_format type json_schema needs json_schema: {name, schema, strict}; "

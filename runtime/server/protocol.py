@@ -57,7 +57,7 @@ _GENERATE_DEFAULT_ONLY = (
     "routed_experts_start_len", "return_indexer_topk", "modalities", "session_params", "lora_path", "lora_id",
     "custom_logit_processor", "positional_embed_overrides", "bootstrap_pair_key", "decode_tp_size",
     "routed_dp_rank", "data_parallel_rank",
-    "disagg_prefill_dp_rank", "http_worker_ipc", "background", "require_reasoning", "max_thinking_tokens",
+    "disagg_prefill_dp_rank", "http_worker_ipc", "background", "max_thinking_tokens",
     "return_bytes", "return_entropy", "return_prompt_token_ids", "need_wait_for_mm_inputs",
     "num_items_assigned", "encoder_urls", "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch",
     "video_max_dynamic_patch", "images_config", "mm_processor_kwargs", "multi_item_delimiter_indices",
@@ -84,6 +84,7 @@ class GenerateRequest(_Body):
     cache_salt: str | None = None
     extra_key: str | list[str] | None = None  # SGLang's other cache namespace; joined to cache_salt
     model: str | None = None  # the router adds it; must name this server's model when given
+    require_reasoning: bool = False  # with --reasoning-parser: the constraint starts after the reasoning
     # advisory
     log_metrics: Any = True
     no_logs: Any = False
@@ -130,7 +131,6 @@ class GenerateRequest(_Body):
     disagg_prefill_dp_rank: Any = None
     http_worker_ipc: Any = None
     background: Any = False
-    require_reasoning: Any = False
     max_thinking_tokens: Any = None
     return_bytes: Any = False
     return_entropy: Any = False
@@ -160,7 +160,7 @@ class StreamOptions(_Body):
 
 _OPENAI_DEFAULT_ONLY = (
     "logit_bias", "return_hidden_states", "return_routed_experts", "routed_experts_start_len",
-    "return_cached_tokens_details", "return_spec_tokens_details", "return_token_ids", "ebnf", "lora_path",
+    "return_cached_tokens_details", "return_spec_tokens_details", "return_token_ids", "lora_path",
     "session_id", "session_params", "custom_params", "custom_logit_processor", "watermark", "images_config",
     "mm_processor_kwargs", "data_parallel_rank", "routed_dp_rank", "disagg_prefill_dp_rank",
 )
@@ -186,6 +186,7 @@ class _OpenAISampling(_Body, kw_only=True):
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
     regex: str | None = None
+    ebnf: str | None = None
     rid: str | None = None
     cache_salt: str | None = None
     extra_key: str | None = None
@@ -200,7 +201,6 @@ class _OpenAISampling(_Body, kw_only=True):
     return_cached_tokens_details: Any = False
     return_spec_tokens_details: Any = False
     return_token_ids: Any = False
-    ebnf: Any = None
     lora_path: Any = None
     session_id: Any = None
     session_params: Any = None
@@ -247,8 +247,16 @@ class ChatMessage(msgspec.Struct, kw_only=True):
 
 
 class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
+    """OpenAI's text / json_object / json_schema; SGLang's structural_tag (legacy structures and
+    triggers, or xgrammar's format); grammar: an EBNF (GBNF) text in `grammar`."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag", "grammar"]
     json_schema: dict[str, Any] | None = None
+    structures: list[Any] | None = None
+    triggers: list[Any] | None = None
+    at_least_one: bool = False
+    format: dict[str, Any] | None = None
+    grammar: str | None = None
 
 
 class ChatCompletionRequest(_OpenAISampling, kw_only=True):
@@ -279,6 +287,7 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
     parallel_tool_calls: Any = True
     stream_reasoning: bool = True  # with --reasoning-parser: stream reasoning_content as it comes
     separate_reasoning: bool = True  # with --reasoning-parser: split <think> out of content
+    require_reasoning: bool = False  # with --reasoning-parser: the constraint starts after </think>
     # advisory
     reasoning_effort: Any = None
     # default-only

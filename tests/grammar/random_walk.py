@@ -12,25 +12,25 @@ import torch
 from arbor.grammar.compiler import CompilerConfig, GrammarCompiler
 from arbor.grammar.constraint import constraint_from_params
 from arbor.grammar.jump_forward import Retokenizer
-from arbor.grammar.matcher import GrammarMatcher
 from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.kernels.reference import apply_token_bitmask_ref
 
 
 class Family:
-    """A tokenizer with its vocabulary, compiler and retokenizer."""
+    """A tokenizer with its vocabulary, compiler (on one grammar backend) and retokenizer."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, backend: str = "outlines") -> None:
         self.tokenizer = tokenizer
         self.vocab = TokenVocabulary.from_tokenizer(tokenizer, [tokenizer.eos_token_id])
-        self.compiler = GrammarCompiler(self.vocab, CompilerConfig(workers=2, timeout_s=10))
+        self.compiler = GrammarCompiler(self.vocab, CompilerConfig(backend=backend, workers=2, timeout_s=10),
+                                        encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
         self.retok = Retokenizer(tokenizer, self.vocab)
 
     def walk(self, params: dict, seed: int, max_tokens: int = 4000) -> tuple[str, bool, int]:
         """Sample with random logits (temperature 1 over a random model, in effect) under the
         constraint, jumping forward where forced. Returns (text, ended, forced tokens)."""
-        grammar = self.compiler.compile(constraint_from_params(dict(params)))
-        matcher = GrammarMatcher(grammar)
+        grammar = self.compiler.compile(constraint_from_params(dict(params), self.compiler.config.backend))
+        matcher = grammar.matcher()
         gen = torch.Generator().manual_seed(seed)
         mask = np.zeros((1, grammar.tables.words), dtype=np.int32)
         out: list[int] = []

@@ -7,6 +7,7 @@ import json
 import re
 
 import jsonschema
+import pytest
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                            "population": {"type": "integer", "minimum": 0},
@@ -124,3 +125,72 @@ def test_json_closes_within_max_tokens_and_a_too_small_budget_is_a_400(server):
     status, out = server.request("POST", "/generate", {"text": "x", "sampling_params": {
         "json_object": True, "max_new_tokens": 6, "temperature": 1.0}})
     assert status == 200 and isinstance(json.loads(out["text"]), dict), out
+
+
+EBNF = 'root ::= answer (", " answer)*\nanswer ::= "yes" | "no" | "maybe " [0-9]'
+EBNF_TEXT = re.compile(r"(yes|no|maybe [0-9])(, (yes|no|maybe [0-9]))*")
+TAG_SCHEMA = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["x"]}
+
+
+def test_ebnf_on_every_api_through_the_default_backend(server, client):
+    # The default (outlines) server hands EBNF to xgrammar.
+    reply = client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "Answer"}], seed=1, temperature=1.0,
+        max_tokens=40, response_format={"type": "grammar", "grammar": EBNF})
+    assert EBNF_TEXT.fullmatch(reply.choices[0].message.content), reply.choices[0].message.content
+    reply = client.completions.create(model=server.model, prompt="Answer:", seed=2, temperature=1.0, max_tokens=40,
+                                      extra_body={"ebnf": EBNF})
+    assert EBNF_TEXT.fullmatch(reply.choices[0].text), reply.choices[0].text
+    status, out = server.request("POST", "/generate", {"text": "a", "sampling_params": {
+        "ebnf": EBNF, "temperature": 1.0, "seed": 3, "max_new_tokens": 40}})
+    assert status == 200 and EBNF_TEXT.fullmatch(out["text"]), out
+
+
+def test_structural_tag_response_format_with_the_openai_client(server, client):
+    fmt = {"type": "structural_tag", "triggers": ["<fn="], "at_least_one": True,
+           "structures": [{"begin": "<fn=get>", "schema": TAG_SCHEMA, "end": "</fn>"}]}
+    for seed in range(3):
+        reply = client.chat.completions.create(
+            model=server.model, messages=[{"role": "user", "content": "Call it"}], seed=seed, temperature=1.0,
+            max_tokens=40, response_format=fmt)
+        text = reply.choices[0].message.content
+        found = re.match(r"<fn=get>(.*?)</fn>", text, re.S)  # at_least_one: the answer opens with a call
+        assert found, text
+        jsonschema.validate(json.loads(found.group(1)), TAG_SCHEMA)
+
+
+def test_bad_grammars_are_400s_that_say_why(server):
+    status, out = server.request("POST", "/generate", {"text": "a", "sampling_params": {
+        "ebnf": 'root ::= "a" missing'}})
+    assert status == 400 and "does not compile" in out["error"]["message"], out
+    status, out = server.request("POST", "/v1/chat/completions", {
+        "model": server.model, "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "structural_tag", "triggers": ["<a"], "structures": [{"begin": "<b>", "end": "</b>"}]}})
+    assert status == 400 and "starts with none of the triggers" in out["error"]["message"], out
+    status, out = server.request("POST", "/generate", {"text": "a", "sampling_params": {
+        "ebnf": 'root ::= "a"', "regex": "a"}})
+    assert status == 400 and "at most one" in out["error"]["message"], out
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_each_grammar_backend_serves_json_ebnf_and_streams(launch, backend: str):
+    import openai
+
+    server = launch("--grammar-backend", backend)
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="-", max_retries=0)
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": SCHEMA}}
+    args = dict(model=server.model, messages=[{"role": "user", "content": "JSON"}], seed=4, temperature=1.0,
+                max_tokens=200, response_format=fmt)
+    whole = client.chat.completions.create(**args).choices[0]
+    stream = client.chat.completions.create(stream=True, **args)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == whole.message.content
+    if whole.finish_reason == "stop":  # no budget-aware closing off outlines: a long string may hit max_tokens
+        jsonschema.validate(json.loads(whole.message.content), SCHEMA)
+    status, out = server.request("POST", "/generate", {"text": "a", "sampling_params": {
+        "ebnf": EBNF, "temperature": 1.0, "seed": 3, "max_new_tokens": 40}})
+    assert status == 200 and EBNF_TEXT.fullmatch(out["text"]), out
+    status, out = server.request("POST", "/generate", {"text": "a", "sampling_params": {
+        "json_schema": {"type": "integer", "minimum": 5, "maximum": 7}, "temperature": 1.0}})
+    assert status == 200 and int(out["text"]) in (5, 6, 7), out
+    assert out["meta_info"]["schema_check"]["valid"] is True

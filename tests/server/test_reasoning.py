@@ -62,3 +62,35 @@ def test_reasoning_content_through_the_openai_client(reasoning_server):
     joined = client.chat.completions.create(**{**ask, "extra_body": {"regex": THINK, "separate_reasoning": False}},
                                             temperature=0)
     assert joined.choices[0].message.content.startswith("<think>")
+
+
+def test_require_reasoning_constrains_the_answer_after_the_section(tiny_model):
+    import json
+
+    from tests.server.conftest import start_server, stop_server
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    server = start_server(str(tiny_model("llama")), "--reasoning-parser", "deepseek-r1")
+    try:
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+        for seed in range(3):
+            reply = client.chat.completions.create(
+                model=server.model, messages=[{"role": "user", "content": "Is it?"}], max_tokens=30, seed=seed,
+                temperature=1.0, response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+                extra_body={"require_reasoning": True})
+            message = reply.choices[0].message
+            # A random model never closes its section: the budget closes it, then the JSON.
+            assert message.model_extra["reasoning_content"], message
+            assert json.loads(message.content) in ({"ok": True}, {"ok": False}), message
+        status, out = server.request("POST", "/generate", {"text": "Q", "require_reasoning": True, "sampling_params": {
+            "json_schema": schema, "max_new_tokens": 20, "temperature": 1.0, "seed": 1}})
+        assert status == 200 and "</think>" in out["text"], out
+        assert json.loads(out["text"].split("</think>", 1)[1]) in ({"ok": True}, {"ok": False}), out
+    finally:
+        stop_server(server)
+
+
+def test_require_reasoning_without_a_parser_is_a_400(server):
+    status, out = server.request("POST", "/generate", {"text": "Q", "require_reasoning": True, "sampling_params": {
+        "regex": "[ab]"}})
+    assert status == 400 and "--reasoning-parser" in out["error"]["message"], out
