@@ -8,7 +8,7 @@ structural tags on outlines) goes to xgrammar (`backend_for`).
 A thread pool drives worker processes (grammar/worker.py), one per thread, so a compile
 never blocks the scheduler loop, a slow one is killed at the time limit and a huge one dies
 alone at the memory cap; llguidance, fuel-bounded and GIL-free, builds on the pool's thread
-(grammar/llguidance_backend.py). Every outlines regex is compiled as `(?:R)\\x00`:
+(grammar/backends/llguidance.py). Every outlines regex is compiled as `(?:R)\\x00`:
 outlines-core 0.2.14 drops tokens that end one byte past a point where R may already end (it
 rejects "." after "3" in `[0-9]+(\\.[0-9]+)?`); with the sentinel no point inside R is final,
 and the sentinel token stands for "may end here" (EOS) in the masks. Results live in an LRU
@@ -36,13 +36,14 @@ from typing import Any
 import msgspec
 import outlines_core
 
+from arbor.grammar.backends.llguidance import LlguidanceGrammar, grammar_text, make_tokenizer
+from arbor.grammar.backends.outlines import CompiledGrammar
+from arbor.grammar.backends.xgrammar import XgrammarGrammar, tokenizer_info_json
+from arbor.grammar.bitmask import VocabTables
 from arbor.grammar.budget import Distances
 from arbor.grammar.constraint import BACKENDS, Constraint, backend_for, plan, post_checked
-from arbor.grammar.llguidance_backend import LlguidanceGrammar, grammar_text, make_tokenizer
-from arbor.grammar.matcher import CompiledGrammar, VocabTables
 from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.grammar.worker import CompileDone, CompileJob, WorkerInit, read_frame, write_frame
-from arbor.grammar.xgrammar_backend import XgrammarGrammar, tokenizer_info_json
 
 logger = logging.getLogger(__name__)
 

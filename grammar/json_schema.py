@@ -2,7 +2,7 @@
 
 The text is compact and canonical (`, ` and `: ` separators, properties in schema order), so
 most positions admit one continuation and jump-forward can write it. Keywords a regex
-cannot express (uniqueItems, oneOf exclusivity, non-integral bounds, ...) are listed in
+cannot express (uniqueItems, non-integral bounds, ...) are listed in
 `RegexPlan.unenforced`: the engine validates such outputs with `jsonschema` and says so.
 Where a schema allows an instance the regex cannot reach within its limits (recursion
 deeper than MAX_REF_DEPTH, huge optional-property sets), the regex picks the instances it
@@ -133,10 +133,13 @@ class _Builder:
             return self.value(merged, depth)
         for key in ("anyOf", "oneOf"):
             if key in s:
-                if key == "oneOf":
-                    self.unenforced.add("oneOf")
                 base = {k: v for k, v in s.items() if k != key}
-                branches = [self.value(self._merge(base, self._resolve_all(b)) if base else b, depth) for b in s[key]]
+                parts = [self._merge(base, self._resolve_all(b)) if base else b for b in s[key]]
+                if key == "oneOf" and len(parts) > 1:
+                    from arbor.grammar.one_of import exclusive  # it reads infer_type from here
+
+                    parts = exclusive(parts, self._resolve_all)  # narrowed: no output matches two branches
+                branches = [self.value(part, depth) for part in parts]
                 kept = [b for b in branches if b is not None]
                 return alternation(kept) if kept else None
         if "not" in s:
@@ -153,7 +156,7 @@ class _Builder:
             if not isinstance(values, list) or not values:
                 raise SchemaError("enum must be a non-empty list")
             return alternation([json_literal(v) for v in values])
-        types = s.get("type", _infer_type(s))
+        types = s.get("type", infer_type(s))
         if isinstance(types, str):
             types = [types]
         kept = [r for r in (self._typed(t, s, depth) for t in dict.fromkeys(types)) if r is not None]
@@ -413,7 +416,7 @@ _CONDITIONAL = ("if", "dependentRequired", "dependentSchemas", "dependencies", "
 _ANNOTATIONS = {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
 
 
-def _infer_type(s: dict) -> list[str]:
+def infer_type(s: dict) -> list[str]:
     if any(k in s for k in ("properties", "required", "additionalProperties", "patternProperties")):
         return ["object"]
     if any(k in s for k in ("items", "prefixItems", "minItems", "maxItems")):

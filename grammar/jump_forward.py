@@ -14,6 +14,7 @@ from typing import Any
 from arbor.grammar.vocabulary import TokenVocabulary
 
 _ANCHOR = "\n"
+MAX_JUMP_BYTES = 256  # longest forced string written in one jump
 
 
 class Retokenizer:

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from arbor.grammar.bitmask import set_bits
 from arbor.grammar.budget import BUDGET_MARGIN
-from arbor.grammar.matcher import set_bits
 
 MAYBE, OPENING, THINKING, ANSWER = range(4)
 

@@ -104,7 +104,7 @@ def _outlines(blob: bytes) -> Callable[[CompileJob], CompileDone]:
 def _xgrammar(info_json: bytes) -> Callable[[CompileJob], CompileDone]:
     import xgrammar
 
-    from arbor.grammar.xgrammar_backend import compile_source
+    from arbor.grammar.backends.xgrammar import compile_source
 
     info = xgrammar.TokenizerInfo.deserialize_json(info_json.decode())
     compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)

@@ -117,7 +117,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
             if not incremental:
                 _check_cumulative_payload(prepared[0])
             state.check_capacity(1)
-            return sse(_shaped(_admitted(state, state.outputs(prepared[0])), StreamShaper(incremental)))
+            return await sse(_shaped(_admitted(state, state.outputs(prepared[0])), StreamShaper(incremental)))
         results = [out.to_json() for outs in await state.collect(request, prepared) for out in outs]
         return JSONResponse(results[0] if single and len(results) == 1 else results)
 

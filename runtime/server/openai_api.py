@@ -59,7 +59,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             state.check_capacity(len(prepared))
-            return sse(_stream_completions(state, prepared, meta, body.n, k, usage))
+            return await sse(_stream_completions(state, prepared, meta, body.n, k, usage))
         results = await state.collect(request, prepared)
         choices = [_completion_choice(i * body.n + (o.index or 0), o, k) for i, outs in enumerate(results)
                    for o in outs]
@@ -101,7 +101,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             state.check_capacity(1)
-            return sse(_stream_chat(state, prepared[0], meta, k, usage, shape))
+            return await sse(_stream_chat(state, prepared[0], meta, k, usage, shape))
         results = await state.collect(request, prepared)
         for out in results[0]:
             _remember(state, out)
@@ -362,11 +362,11 @@ async def _stream_chat(
     finals: dict[int, GenerateOutput] = {}
     head = meta.head("chat.completion.chunk")
     n = prepared.msg.n
-    for index in range(n):
-        yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}]}
     async for _, out in _merged(state, [prepared]):
         index = out.index or 0
+        if index not in splits:  # the role opens each choice, with its first output (sse awaits it)
+            yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None, "finish_reason": None}]}
         reason = _finish_reason(out.meta_info)
         split = splits.setdefault(index, AnswerStream(shape))
         delta = split.step(out.text, reason is not None)

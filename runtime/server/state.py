@@ -219,11 +219,30 @@ async def read_body(request: Request, kind: type, args: ServerArgs) -> Any:
     return decode(b"".join(chunks), kind)
 
 
-def sse(events: AsyncIterator[dict[str, Any]], done: bool = True) -> StreamingResponse:
+async def sse(events: AsyncIterator[dict[str, Any]], done: bool = True) -> StreamingResponse:
     """Server-sent events: each item one `data:` line of JSON; `data: [DONE]` at the end.
-    An error after the stream started is sent as a final event with an `error` object."""
+    The first event is awaited before the response starts, so a request refused before it
+    (a constraint that does not compile, a budget below its minimum) is an HTTP error, not a
+    200 stream. An error after the stream started is sent as a final event with an `error`
+    object."""
+    try:
+        first = await anext(events)
+    except StopAsyncIteration:
+        first = None
+    except EngineDead as e:
+        await events.aclose()
+        raise ApiError(503, str(e), "server_error") from None
+    except ApiError:
+        await events.aclose()
+        raise
+    except ValueError as e:
+        await events.aclose()
+        raise ApiError(getattr(e, "status", 400), str(e)) from None
+
     async def body() -> AsyncIterator[bytes]:
         try:
+            if first is not None:
+                yield b"data: " + json.dumps(first, ensure_ascii=False).encode() + b"\n\n"
             async for event in events:
                 yield b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
         except ApiError as e:

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
+from arbor.grammar.backends.outlines import GrammarMatcher
 from arbor.grammar.compiler import CompilerConfig, GrammarBusy, GrammarCompiler, GrammarError
 from arbor.grammar.constraint import Constraint, constraint_from_params
-from arbor.grammar.matcher import GrammarMatcher
 
 
 def accepts(family, params: dict, text: str) -> bool:

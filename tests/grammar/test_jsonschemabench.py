@@ -13,9 +13,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from arbor.grammar.backends.outlines import GrammarMatcher
 from arbor.grammar.compiler import GrammarError
 from arbor.grammar.constraint import constraint_from_params
-from arbor.grammar.matcher import GrammarMatcher
 
 BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "jsonschemabench"
 

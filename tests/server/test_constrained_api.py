@@ -194,3 +194,21 @@ def test_each_grammar_backend_serves_json_ebnf_and_streams(launch, backend: str)
         "json_schema": {"type": "integer", "minimum": 5, "maximum": 7}, "temperature": 1.0}})
     assert status == 200 and int(out["text"]) in (5, 6, 7), out
     assert out["meta_info"]["schema_check"]["valid"] is True
+
+
+def test_a_stream_whose_constraint_fails_to_compile_is_a_400_not_a_200_stream(server, client):
+    import openai
+
+    bad = 'root ::= "a" missing'
+    for path, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}),
+                       ("/v1/completions", {"prompt": "x"})]:
+        status, out = server.request("POST", path, {"model": server.model, "stream": True, "ebnf": bad, **body})
+        assert status == 400 and "does not compile" in out["error"]["message"], (path, status, out)
+    status, out = server.request("POST", "/generate", {"text": "x", "stream": True, "sampling_params": {"ebnf": bad}})
+    assert status == 400 and "does not compile" in out["error"]["message"], out
+    try:
+        client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}], stream=True,
+                                       extra_body={"ebnf": bad})
+        raise AssertionError("expected a 400")
+    except openai.BadRequestError as exc:
+        assert "does not compile" in str(exc)

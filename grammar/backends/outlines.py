@@ -1,11 +1,11 @@
-"""CompiledGrammar (shared, immutable index + lazy per-state caches) and GrammarMatcher
-(one request's position in it).
+"""The outlines backend (the default): Arbor's regex over an outlines-core Index.
 
-A state's mask is an int32 bitset over the logits (bit t of word t // 32 = token t allowed).
-It is written once per state by outlines-core's `Guide.write_mask_into` (each matcher keeps a
-Guide in step with it, so a first visit costs ~0.1 ms even for a 50k-token state) and then
-copied per step (~1 µs). EOS is allowed exactly where the sentinel token is, i.e. where the
-regex may end.
+CompiledGrammar (shared, immutable index + lazy per-state caches) and GrammarMatcher (one
+request's position in it). A state's mask is written once per state by outlines-core's
+`Guide.write_mask_into` (each matcher keeps a Guide in step with it, so a first visit costs
+~0.1 ms even for a 50k-token state) and then copied per step (~1 µs). EOS is allowed exactly
+where the sentinel token is, i.e. where the regex may end. Only this backend is budget-aware
+(its automaton gives each state's distance to an end, grammar/budget.py).
 """
 
 from __future__ import annotations
@@ -16,57 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import outlines_core
 
+from arbor.grammar.bitmask import VocabTables, has_bit, set_bits
 from arbor.grammar.budget import BUDGET_MARGIN, Distances
-from arbor.grammar.vocabulary import TokenVocabulary
+from arbor.grammar.jump_forward import MAX_JUMP_BYTES
 
 MASK_CACHE_BYTES = 32 << 20  # per grammar; least recently used state masks go first
-MAX_JUMP_BYTES = 256  # longest forced string written in one jump
-
-
-@dataclass
-class VocabTables:
-    """Per-vocabulary arrays every grammar of that vocabulary shares."""
-
-    vocab: TokenVocabulary
-    words: int  # int32 words per mask row
-    index_words: int  # words outlines-core writes (its vocabulary may be wider than the logits)
-    sentinel: int
-    eos_ids: np.ndarray
-    first_bytes: np.ndarray  # [logits] first byte of each token, -1 if none
-    starts_with: np.ndarray  # [256, words] int32 bitsets: tokens whose first byte is b
-    byte_tokens: dict[int, int]
-
-    @classmethod
-    def build(cls, vocab: TokenVocabulary) -> VocabTables:
-        words = -(-vocab.logits_size // 32)
-        first = vocab.first_bytes()
-        ids = np.flatnonzero(first >= 0)
-        bits = np.zeros((256, words * 32), dtype=bool)
-        bits[first[ids], ids] = True
-        starts = np.packbits(bits, axis=1, bitorder="little").view("<i4")
-        return cls(vocab, words, max(words, -(-len(vocab.token_bytes) // 32)), vocab.sentinel_id,
-                   np.array(vocab.eos_ids, dtype=np.int64), first, starts, vocab.byte_tokens())
-
-    def forced_byte(self, row: np.ndarray) -> int:
-        """The first byte shared by every token allowed in `row`, or -1."""
-        nonzero = np.flatnonzero(row)
-        if not len(nonzero):
-            return -1
-        word = int(row[nonzero[0]]) & 0xFFFFFFFF
-        b = int(self.first_bytes[int(nonzero[0]) * 32 + (word & -word).bit_length() - 1])
-        return b if b >= 0 and not (row & ~self.starts_with[b]).any() else -1
-
-
-def _has(row: np.ndarray, token: int) -> bool:
-    return bool((int(row[token >> 5]) >> (token & 31)) & 1)
-
-
-def set_bits(row: np.ndarray, tokens: np.ndarray | list[int], on: bool) -> None:
-    """Turn the bits of `tokens` on (or off) in the int32 bitset `row`."""
-    for token in np.asarray(tokens).tolist():
-        word = int(row[token >> 5]) & 0xFFFFFFFF
-        word = word | (1 << (token & 31)) if on else word & ~(1 << (token & 31))
-        row[token >> 5] = np.uint32(word).view(np.int32)
 
 
 @dataclass
@@ -134,7 +88,7 @@ class CompiledGrammar:
         wide = np.zeros(t.index_words, dtype=np.int32)
         guide.write_mask_into(wide.ctypes.data, wide.size, 4)
         row = wide[: t.words].copy()
-        ends = _has(row, t.sentinel)
+        ends = has_bit(row, t.sentinel)
         set_bits(row, np.append(t.eos_ids, t.sentinel), on=False)  # EOS follows the sentinel only
         terminal = ends and not row.any()
         forced = -1 if ends else t.forced_byte(row)

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from arbor.grammar.matcher import MAX_JUMP_BYTES, VocabTables
+from arbor.grammar.bitmask import VocabTables
+from arbor.grammar.jump_forward import MAX_JUMP_BYTES
 from arbor.grammar.structural_tag import canonical
 from arbor.grammar.vocabulary import TokenVocabulary
 
