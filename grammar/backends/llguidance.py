@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from arbor.grammar.backends.pushdown import PushdownMatcher
 from arbor.grammar.bitmask import VocabTables
 from arbor.grammar.jump_forward import MAX_JUMP_BYTES
 from arbor.grammar.structural_tag import canonical, to_lark
@@ -79,27 +80,17 @@ class LlguidanceGrammar:
         return LlguidanceMatcher(self)
 
 
-class LlguidanceMatcher:
-    """One request's walk through an LlguidanceGrammar, with the interface of GrammarMatcher.
+class LlguidanceMatcher(PushdownMatcher):
+    """One request's walk through an LlguidanceGrammar (the interface in backends/__init__.py).
     Tokens are offered with `try_consume_tokens`, which refuses without entering llguidance's
     error state."""
 
-    budget_aware = False
-
     def __init__(self, grammar: LlguidanceGrammar) -> None:
-        self.grammar = grammar
-        self._m = grammar.template.deep_copy()
-        self._eos = set(grammar.tables.eos_ids.tolist())
+        super().__init__(grammar, grammar.template.deep_copy())
 
     def fill_bitmask(self, out: np.ndarray, remaining: int | None = None) -> None:
         """Write the allowed-token bitset of the current state into `out` (int32 words)."""
         self._m.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
-
-    def distance(self) -> int:
-        return 0
-
-    def closing(self, remaining: int) -> bool:
-        return False
 
     def accept_token(self, token: int) -> bool:
         return token not in self._eos and self._m.try_consume_tokens([token]) == 1
@@ -114,9 +105,6 @@ class LlguidanceMatcher:
                 self._m.rollback(n)
             return False
         return True
-
-    def rollback(self, tokens: int) -> None:
-        self._m.rollback(tokens)
 
     def allows_end(self) -> bool:
         return self._m.is_accepting()

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from arbor.grammar.bitmask import VocabTables
+from arbor.grammar.backends.pushdown import PushdownMatcher
+from arbor.grammar.bitmask import VocabTables, set_bits
 from arbor.grammar.jump_forward import MAX_JUMP_BYTES
 from arbor.grammar.structural_tag import canonical
 from arbor.grammar.vocabulary import TokenVocabulary
@@ -65,29 +66,22 @@ class XgrammarGrammar:
         return XgrammarMatcher(self)
 
 
-class XgrammarMatcher:
-    """One request's walk through an XgrammarGrammar, with the interface of GrammarMatcher."""
-
-    budget_aware = False
+class XgrammarMatcher(PushdownMatcher):
+    """One request's walk through an XgrammarGrammar (the interface in backends/__init__.py)."""
 
     def __init__(self, grammar: XgrammarGrammar) -> None:
         import xgrammar
 
-        self.grammar = grammar
-        self._m = xgrammar.GrammarMatcher(grammar.compiled)
-        self._eos = set(grammar.tables.eos_ids.tolist())
+        super().__init__(grammar, xgrammar.GrammarMatcher(grammar.compiled))
         self._scratch = np.zeros((1, grammar.tables.words), dtype=np.int32)
-        self._scratch_t = torch.from_numpy(self._scratch)
+        used = grammar.tables.vocab.logits_size % 32  # bits of the last word that are tokens
+        self._last_word = np.uint32((1 << used) - 1 if used else 0xFFFFFFFF)
 
     def fill_bitmask(self, out: np.ndarray, remaining: int | None = None) -> None:
-        """Write the allowed-token bitset of the current state into `out` (int32 words)."""
+        """Write the allowed-token bitset of the current state into `out` (int32 words); the
+        bits past the logits, which xgrammar may set, are cleared."""
         self._m.fill_next_token_bitmask(torch.from_numpy(out.reshape(1, -1)))
-
-    def distance(self) -> int:
-        return 0
-
-    def closing(self, remaining: int) -> bool:
-        return False
+        out.view(np.uint32)[-1] &= self._last_word
 
     def accept_token(self, token: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""
@@ -102,9 +96,6 @@ class XgrammarMatcher:
                 return False
         return True
 
-    def rollback(self, tokens: int) -> None:
-        self._m.rollback(tokens)
-
     def allows_end(self) -> bool:
         return self._m.is_completed()
 
@@ -112,11 +103,9 @@ class XgrammarMatcher:
         """The output is complete: only EOS may follow."""
         if not self._m.is_completed():
             return False
-        self._m.fill_next_token_bitmask(self._scratch_t)
-        row = self._scratch[0].view(np.uint32).copy()
-        for eos in self._eos:
-            row[eos >> 5] &= ~np.uint32(1 << (eos & 31))
-        return not row.any()
+        self.fill_bitmask(self._scratch[0])
+        set_bits(self._scratch[0], self.grammar.tables.eos_ids, on=False)
+        return not self._scratch[0].any()
 
     def forced_bytes(self) -> bytes:
         """The text every valid continuation starts with (whole UTF-8 characters)."""
