@@ -50,14 +50,14 @@ class AnswerStream:
         if self.shape.tools is not None:
             self._tools = ToolStream(self.shape.tools)
 
-    def step(self, text: str, done: bool) -> dict[str, str]:
-        """The delta fields ({"reasoning_content": ..., "content": ...}) for the text so far."""
+    def step(self, text: str, done: bool) -> dict[str, Any]:
+        """The delta fields ({"reasoning_content", "content", "tool_calls"}) for the text so far."""
         if self._reasoning is not None:
             reasoning, new = self._reasoning.step(text, done)
         else:
             reasoning, new = "", text[len(self.content):]
         self.content += new
-        out: dict[str, str] = {}
+        out: dict[str, Any] = {}
         if not self.shape.stream_reasoning:
             self.held_reasoning += reasoning
             reasoning = self.held_reasoning if done else ""
@@ -66,6 +66,10 @@ class AnswerStream:
         content = self._tools.step(self.content, done) if self._tools is not None else new
         if content:
             out["content"] = content
+        if self._tools is not None and not done:
+            calls = self._tools.progress(self.content)
+            if calls:
+                out["tool_calls"] = calls
         return out
 
     def tool_deltas(self) -> list[dict[str, Any]]:

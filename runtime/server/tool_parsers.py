@@ -25,7 +25,15 @@ MAX_PARALLEL_CALLS = 4  # calls one forced (required) answer may hold when paral
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: str  # a JSON object's text
+    arguments: str  # a JSON object's text, as the model wrote it
+
+
+@dataclass(frozen=True)
+class PartialCall:
+    """A call being written: its name once complete, the arguments' text so far."""
+
+    name: str | None
+    arguments: str
 
 
 class ToolParser:
@@ -67,6 +75,21 @@ class ToolParser:
     def calls(self, section: str) -> list[ToolCall]:
         raise NotImplementedError
 
+    def partial_calls(self, section: str) -> list[PartialCall]:
+        """The calls of a section still being written, as far as they go: each JSON object's
+        name and arguments text, in order (a stream sends the arguments as they grow)."""
+        out, pos = [], 0
+        while (at := section.find("{", pos)) >= 0:
+            members, end = _read_object(section, at)
+            name = members.get("name")
+            args = next((members[k] for k in (self.args_key, "arguments", "parameters") if k in members), None)
+            out.append(PartialCall(name[2] if name is not None and name[3] and isinstance(name[2], str) else None,
+                                   section[args[0]:args[1]] if args is not None else ""))
+            if end is None:
+                break
+            pos = end
+        return out
+
     def forced(self, functions: list[dict[str, Any]], parallel: bool) -> str:
         """Regex of an answer that is only calls to `functions` (one, or up to
         MAX_PARALLEL_CALLS when parallel), each call's arguments valid for its parameters."""
@@ -82,11 +105,16 @@ class ToolParser:
     def section(self, call: str, most: int) -> str:
         raise NotImplementedError
 
-    def _json_call(self, obj: Any) -> ToolCall:
-        args = obj.get(self.args_key, obj.get("arguments", obj.get("parameters", {})))
-        if not isinstance(obj.get("name"), str) or not isinstance(args, dict):
+    def _json_call(self, text: str, at: int) -> ToolCall:
+        """The call in the JSON object at text[at]; its arguments keep the model's text."""
+        members, end = _read_object(text, at)
+        if end is None:
+            raise ValueError("the call is cut short")
+        name = members.get("name")
+        args = next((members[k] for k in (self.args_key, "arguments", "parameters") if k in members), None)
+        if name is None or not isinstance(name[2], str) or args is None or not isinstance(args[2], dict):
             raise ValueError("not a tool call")
-        return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+        return ToolCall(name[2], text[args[0]:args[1]])
 
 
 class Qwen25Parser(ToolParser):
@@ -99,7 +127,7 @@ class Qwen25Parser(ToolParser):
             body, closed, _ = block.partition(self.end)
             if not closed and out:
                 break  # a last block cut short (max_tokens) is dropped
-            out.append(self._json_call(json.loads(body)))
+            out.append(self._json_call(body, body.index("{")))
         return out
 
     def section(self, call: str, most: int) -> str:
@@ -127,8 +155,9 @@ class Llama3Parser(ToolParser):
         section = section.removeprefix(self.start).strip()
         decoder, out, pos = json.JSONDecoder(), [], 0
         while pos < len(section):
-            obj, pos = decoder.raw_decode(section, pos)
-            out.append(self._json_call(obj))
+            start = pos
+            _, pos = decoder.raw_decode(section, pos)
+            out.append(self._json_call(section, start))
             rest = section[pos:].lstrip()
             if not rest:
                 break
@@ -145,10 +174,16 @@ class MistralParser(ToolParser):
     start = "[TOOL_CALLS]"
 
     def calls(self, section: str) -> list[ToolCall]:
-        items = json.loads(section.removeprefix(self.start).strip())
+        body = section.removeprefix(self.start).strip()
+        items = json.loads(body)
         if not isinstance(items, list):
-            items = [items]
-        return [self._json_call(obj) for obj in items]
+            return [self._json_call(body, 0)]
+        out, pos = [], 1
+        for _ in items:
+            at = body.index("{", pos)
+            out.append(self._json_call(body, at))
+            pos = _read_object(body, at)[1] or len(body)
+        return out
 
     def section(self, call: str, most: int) -> str:
         return f"{escape(self.start)} \\[{call}" + (f"(?:, {call}){{0,{most - 1}}}" if most > 1 else "") + r"\]"
@@ -164,6 +199,9 @@ class PythonicParser(ToolParser):
     def content_end(self, text: str) -> int:
         stripped = text.lstrip()
         return 0 if not stripped or stripped[0] == "[" else len(text)
+
+    def partial_calls(self, section: str) -> list[PartialCall]:
+        return []  # Python call syntax becomes JSON only once a call is whole
 
     def calls(self, section: str) -> list[ToolCall]:
         tree = ast.parse(section.strip(), mode="eval").body
@@ -190,6 +228,46 @@ class PythonicParser(ToolParser):
 
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}
+_DECODER = json.JSONDecoder()
+_SPACE = " \t\n\r"
+
+
+def _read_object(text: str, at: int) -> tuple[dict[str, tuple[int, int, Any, bool]], int | None]:
+    """The members of the JSON object at text[at] as far as the text goes: key -> (value
+    start, value end, value, complete), and the end of the object (None if it is cut short;
+    the last member's value then runs to the end of the text)."""
+    members: dict[str, tuple[int, int, Any, bool]] = {}
+    pos = at + 1
+    while True:
+        pos = _skip(text, pos)
+        if pos >= len(text):
+            return members, None
+        if text[pos] == "}":
+            return members, pos + 1
+        try:
+            key, pos = _DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return members, None
+        pos = _skip(text, pos)
+        if not text.startswith(":", pos):
+            return members, None
+        start = _skip(text, pos + 1)
+        try:
+            value, pos = _DECODER.raw_decode(text, start)
+        except json.JSONDecodeError:
+            if start < len(text):
+                members[str(key)] = (start, len(text), None, False)
+            return members, None
+        members[str(key)] = (start, pos, value, True)
+        pos = _skip(text, pos)
+        if text.startswith(",", pos):
+            pos += 1
+
+
+def _skip(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _SPACE:
+        pos += 1
+    return pos
 
 
 def _literal(node: ast.expr) -> Any:

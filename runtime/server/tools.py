@@ -149,16 +149,22 @@ def wire_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 @dataclass
 class ToolStream:
     """One streamed choice: content goes out while it surely is content; from where the
-    tool-call section may start, text is held until the answer ends."""
+    tool-call section may start, text is held until the answer ends. A forced answer (its
+    grammar guarantees the calls) in a JSON format streams each call as it is written: id,
+    type and name once the name is whole, then the arguments' text as it grows."""
 
     plan: ToolPlan
     sent: int = 0
     calls: list[ToolCall] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)  # calls announced so far
+    args_sent: list[int] = field(default_factory=list)
 
     def step(self, text: str, done: bool) -> str:
         """New content to send, given the whole text so far; at the end, the calls are in `calls`."""
         if done:
             end, self.calls = self.plan.split(text)
+            if not self.calls and self.ids:
+                end = self.sent  # a forced call cut short (max_tokens) stays a call, as OpenAI's does
         elif self.plan.parser is None or self.plan.choice == "none":
             end = len(text)
         else:
@@ -167,12 +173,28 @@ class ToolStream:
         self.sent = max(end, self.sent)
         return new.rstrip() if done and self.calls else new
 
+    def progress(self, text: str) -> list[dict[str, Any]]:
+        """Tool-call deltas for the calls written so far (forced answers only)."""
+        if not self.plan.forced or self.plan.parser is None:
+            return []
+        return self._send([(c.name, c.arguments) for c in self.plan.parser.partial_calls(text[self.sent:])])
+
     def deltas(self) -> list[dict[str, Any]]:
-        """The calls as OpenAI streams them: id, type and name first, then the arguments."""
-        out = []
-        for i, call in enumerate(wire_calls(self.calls)):
-            fn = call["function"]
-            out.append({"index": i, "id": call["id"], "type": "function",
-                        "function": {"name": fn["name"], "arguments": ""}})
-            out.append({"index": i, "function": {"arguments": fn["arguments"]}})
+        """After the end: what is left of the calls, as OpenAI streams them."""
+        return self._send([(c.name, c.arguments) for c in self.calls])
+
+    def _send(self, calls: list[tuple[str | None, str]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for i, (name, arguments) in enumerate(calls):
+            if i == len(self.ids):
+                if name is None:
+                    break
+                self.ids.append(f"call_{uuid.uuid4().hex[:24]}")
+                self.args_sent.append(0)
+                out.append({"index": i, "id": self.ids[i], "type": "function",
+                            "function": {"name": name, "arguments": ""}})
+            new = arguments[self.args_sent[i]:]
+            if new:
+                out.append({"index": i, "function": {"arguments": new}})
+                self.args_sent[i] = len(arguments)
         return out

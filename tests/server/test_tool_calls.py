@@ -60,26 +60,33 @@ def test_required_calls_always_validate_at_temperature_1(tools_client):
 
 
 def test_named_function_streamed(tools_client):
-    _, client, model = tools_client
+    fmt, client, model = tools_client
+    pieces = []
     for seed in range(3):
-        stream = client.chat.completions.create(
-            model=model, messages=ASK, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "search"}},
-            temperature=1, seed=seed, max_tokens=400, stream=True)
+        args = dict(model=model, messages=ASK, tools=TOOLS, temperature=1, seed=seed, max_tokens=400,
+                    tool_choice={"type": "function", "function": {"name": "search"}})
+        stream = client.chat.completions.create(stream=True, **args)
         calls: dict[int, dict[str, str]] = {}
         content, reasons = "", []
         for chunk in stream:
             delta = chunk.choices[0].delta
             content += delta.content or ""
             for tc in delta.tool_calls or []:
-                call = calls.setdefault(tc.index, {"name": "", "arguments": "", "id": ""})
+                call = calls.setdefault(tc.index, {"name": "", "arguments": "", "id": "", "pieces": 0})
                 call["id"] += tc.id or ""
                 call["name"] += (tc.function.name or "") if tc.function else ""
                 call["arguments"] += (tc.function.arguments or "") if tc.function else ""
+                call["pieces"] += bool(tc.function and tc.function.arguments)
             reasons.append(chunk.choices[0].finish_reason)
         assert reasons[-1] == "stop" and content == "", (reasons, content)  # OpenAI: a forced call stops
         assert calls and all(c["name"] == "search" and c["id"] for c in calls.values()), calls
         for c in calls.values():
             _valid(c["name"], c["arguments"])
+            pieces.append(c["pieces"])
+        whole = client.chat.completions.create(**args).choices[0].message.tool_calls
+        assert [c.function.arguments for c in whole] == [c["arguments"] for c in calls.values()]
+    if fmt != "pythonic":  # JSON formats stream the arguments as they are written
+        assert max(pieces) > 1, pieces
 
 
 def test_tool_turns_render_and_auto_answers(tools_client):
@@ -139,6 +146,32 @@ def test_parsers(fmt, text, content, names):
     assert got_content == (text if content is None else content)
     for c in calls:
         assert isinstance(json.loads(c.arguments), dict)
+
+
+ARGS = '{"x": 1, "y": "long {text} here"}'
+WRITTEN = {  # two calls, a(**ARGS) and b(), as each format writes them
+    "qwen25": f'<tool_call>\n{{"name": "a", "arguments": {ARGS}}}\n</tool_call>\n'
+              '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
+    "llama3": f'{{"name": "a", "parameters": {ARGS}}}; {{"name": "b", "parameters": {{}}}}',
+    "mistral": f'[TOOL_CALLS] [{{"name": "a", "arguments": {ARGS}}}, {{"name": "b", "arguments": {{}}}}]',
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITTEN))
+def test_forced_calls_stream_their_arguments_as_they_grow(fmt):
+    plan = ToolPlan(PARSERS[fmt](), [{"name": "a"}, {"name": "b"}], "required", True)
+    full = WRITTEN[fmt]
+    stream, got = ToolStream(plan), []
+    for n in range(1, len(full)):
+        assert stream.step(full[:n], False) == ""
+        got += stream.progress(full[:n])
+    assert stream.step(full, True) == "" and [c.name for c in stream.calls] == ["a", "b"]
+    got += stream.deltas()
+    heads = [d for d in got if "id" in d]
+    assert [(d["index"], d["function"]["name"]) for d in heads] == [(0, "a"), (1, "b")]
+    args = ["".join(d["function"]["arguments"] for d in got if d["index"] == i) for i in (0, 1)]
+    assert args == [ARGS, "{}"]
+    assert sum(1 for d in got if d["index"] == 0 and d["function"]["arguments"]) > 5  # piece by piece
 
 
 def test_stream_split_holds_back_a_possible_call():
