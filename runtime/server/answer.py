@@ -63,13 +63,12 @@ class AnswerStream:
             reasoning = self.held_reasoning if done else ""
         if reasoning:
             out["reasoning_content"] = reasoning
+        calls = self._tools.progress(self.content) if self._tools is not None else []
         content = self._tools.step(self.content, done) if self._tools is not None else new
         if content:
             out["content"] = content
-        if self._tools is not None and not done:
-            calls = self._tools.progress(self.content)
-            if calls:
-                out["tool_calls"] = calls
+        if calls:
+            out["tool_calls"] = calls
         return out
 
     def tool_deltas(self) -> list[dict[str, Any]]:
