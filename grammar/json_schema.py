@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+from arbor.grammar.one_of import exclusive
 from arbor.grammar.regex_parts import (
     BOOLEAN,
     FORMATS,
@@ -32,6 +33,7 @@ from arbor.grammar.regex_parts import (
     alternation,
     bounded_number,
     escape,
+    infer_type,
     int_range,
     json_literal,
     pattern_contents,
@@ -136,8 +138,6 @@ class _Builder:
                 base = {k: v for k, v in s.items() if k != key}
                 parts = [self._merge(base, self._resolve_all(b)) if base else b for b in s[key]]
                 if key == "oneOf" and len(parts) > 1:
-                    from arbor.grammar.one_of import exclusive  # it reads infer_type from here
-
                     parts = exclusive(parts, self._resolve_all)  # narrowed: no output matches two branches
                 branches = [self.value(part, depth) for part in parts]
                 kept = [b for b in branches if b is not None]
@@ -414,18 +414,6 @@ class _Builder:
 _CONTAINERS = {"definitions", "$defs", "id"}
 _CONDITIONAL = ("if", "dependentRequired", "dependentSchemas", "dependencies", "propertyNames")
 _ANNOTATIONS = {"description", "title", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly"}
-
-
-def infer_type(s: dict) -> list[str]:
-    if any(k in s for k in ("properties", "required", "additionalProperties", "patternProperties")):
-        return ["object"]
-    if any(k in s for k in ("items", "prefixItems", "minItems", "maxItems")):
-        return ["array"]
-    if any(k in s for k in ("pattern", "format", "minLength", "maxLength")):
-        return ["string"]
-    if any(k in s for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")):
-        return ["number"]
-    return ["any"]
 
 
 def _optional_chain(items: list[str], low: int) -> str:

@@ -28,8 +28,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from arbor.grammar.json_schema import infer_type
-from arbor.grammar.regex_parts import SchemaError
+from arbor.grammar.regex_parts import SchemaError, infer_type
 
 _KINDS = ("null", "boolean", "number", "string", "array", "object")
 _UNKNOWN = frozenset(_KINDS)

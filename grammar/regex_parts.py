@@ -221,3 +221,16 @@ def pattern_contents(pattern: str) -> str:
         i += 1
     free = f"{STRING_CHAR}*"
     return ("" if start else free) + "(?:" + "".join(out) + ")" + ("" if end else free)
+
+
+def infer_type(s: dict) -> list[str]:
+    """The JSON type a schema without `type` describes, read from its keywords."""
+    if any(k in s for k in ("properties", "required", "additionalProperties", "patternProperties")):
+        return ["object"]
+    if any(k in s for k in ("items", "prefixItems", "minItems", "maxItems")):
+        return ["array"]
+    if any(k in s for k in ("pattern", "format", "minLength", "maxLength")):
+        return ["string"]
+    if any(k in s for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")):
+        return ["number"]
+    return ["any"]
