@@ -124,6 +124,10 @@ class ServerArgs:
     grammar_max_pending: int = _opt(
         64, "Distinct constraints compiling or queued at once; a request beyond it ends with 429 (retry)."
     )
+    grammar_max_mask_ms: float = _opt(
+        50.0, "Longest one request's grammar may take to write a step's mask; a slower one (an ambiguous EBNF "
+        "on a pushdown backend grows with the output) ends its request with an error instead of stalling the batch."
+    )
     grammar_cache_mb: int = _opt(512, "Compiled constraints kept in memory (LRU, by index size).")
     grammar_cache_dir: str | None = _opt(None, "Directory for compiled constraints on disk; empty = none.")
     tool_call_parser: str | None = _opt(
@@ -225,6 +229,8 @@ class ServerArgs:
             raise ValueError("max_n, max_batch_prompts, max_concurrent_requests and max_body_bytes must be >= 1")
         if self.max_connections < 1 or min(self.header_timeout_s, self.body_timeout_s, self.keep_alive_timeout_s) <= 0:
             raise ValueError("max_connections must be >= 1 and the connection timeouts > 0")
+        if self.grammar_max_mask_ms <= 0:
+            raise ValueError(f"grammar_max_mask_ms must be > 0, got {self.grammar_max_mask_ms}")
         if self.grammar_max_pending < 1:
             raise ValueError(f"grammar_max_pending must be >= 1, got {self.grammar_max_pending}")
         if self.grammar_workers < 1 or self.grammar_compile_timeout_s <= 0 or self.grammar_max_memory_mb < 256:

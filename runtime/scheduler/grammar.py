@@ -7,6 +7,7 @@ constrained request arrives, so unconstrained serving pays nothing and the loop 
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -20,6 +21,7 @@ from arbor.grammar.reasoning_gate import ReasoningGate
 from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.kernels.reference import apply_token_bitmask_ref
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.messages import FinishAbort
 from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,7 @@ class GrammarBackend:
 
     def __init__(self, args: ServerArgs, tokenizer_path: str, eos_ids: list[int], logits_size: int) -> None:
         self.jump_forward = not args.disable_jump_forward
+        self.max_mask_s = args.grammar_max_mask_ms / 1e3
         self.config = CompilerConfig(backend=args.grammar_backend, workers=args.grammar_workers, timeout_s=args.grammar_compile_timeout_s,
                                      memory_mb=args.grammar_max_memory_mb, cache_mb=args.grammar_cache_mb,
                                      cache_dir=args.grammar_cache_dir, max_pending=args.grammar_max_pending)
@@ -98,11 +101,11 @@ class GrammarBackend:
         for j, i in enumerate(rows):
             matcher = reqs[i].matcher
             remaining = reqs[i].remaining_new_tokens - len(ahead[i])
-            if not ahead[i]:
-                matcher.fill_bitmask(mask[j], remaining)
-                continue
-            moved = matcher.accept_tokens(ahead[i])
+            moved = bool(ahead[i]) and matcher.accept_tokens(ahead[i])
+            start = time.perf_counter()
             matcher.fill_bitmask(mask[j], remaining)
+            if time.perf_counter() - start > self.max_mask_s:
+                reqs[i].grammar_too_slow = True  # `advance` ends it after this step's token
             if moved:
                 matcher.rollback(len(ahead[i]))
         bitmask = torch.from_numpy(mask).to(logits.device)
@@ -127,12 +130,18 @@ class GrammarBackend:
             matcher.rollback(n)
         return guesses[:n]
 
-    def advance(self, req: Req, token: int) -> str | None:
+    def advance(self, req: Req, token: int) -> FinishAbort | None:
         """Feed the sampled token (already appended to output_ids); then jump forward where
-        the grammar forces text. Returns an error message if the token was not allowed."""
+        the grammar forces text. Returns the abort if the token was not allowed or the
+        grammar's masks take too long."""
         matcher = req.matcher
+        if req.grammar_too_slow:
+            return FinishAbort(status_code=400, message=(
+                f"the grammar took longer than {self.max_mask_s * 1e3:g} ms to write one step's token mask (an "
+                "ambiguous grammar grows slower with the output); make it unambiguous, use --grammar-backend "
+                "llguidance, or raise --grammar-max-mask-ms"))
         if not matcher.accept_token(token):
-            return f"token {token} is not allowed by the grammar"
+            return FinishAbort(status_code=500, message=f"token {token} is not allowed by the grammar")
         if not self.jump_forward or matcher.is_terminated() or matcher.closing(req.remaining_new_tokens):
             return None  # closing under a budget: every token is chosen by the closing mask
         room = req.remaining_new_tokens + 1  # the sampled token is replaced too

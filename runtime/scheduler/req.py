@@ -54,6 +54,7 @@ class Req:
     grammar_future: Any = None  # Future of its CompiledGrammar while it compiles
     matcher: Any = None  # its grammar's matcher once compiled (a ReasoningGate around it with `reasoning`)
     reasoning: Any = None  # messages.ReasoningMarkers: the constraint starts after the reasoning section
+    grammar_too_slow: bool = False  # one mask took longer than --grammar-max-mask-ms: end it
     bootstrap: Bootstrap | None = None  # prefill/decode disaggregation: the KV's source and room
 
     @property

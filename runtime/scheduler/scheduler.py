@@ -555,8 +555,10 @@ class Scheduler:
 
     def _finish_reason(self, req: Req, tok: int) -> FinishReason | None:
         p = req.params
+        # EOS is in a constrained request's mask only where its grammar may end: there it ends,
+        # ignore_eos or not (the grammar has nothing to add).
         if len(req.output_ids) >= p.min_new_tokens and (
-            tok in p.stop_token_ids or (tok in self.eos_ids and not p.ignore_eos)
+            tok in p.stop_token_ids or (tok in self.eos_ids and (not p.ignore_eos or req.matcher is not None))
         ):
             return FinishStop(matched=tok)
         if len(req.output_ids) >= p.max_new_tokens:
@@ -567,9 +569,9 @@ class Scheduler:
         """Advance the request's grammar (maybe jumping forward); a finish reason if it ends."""
         assert self.grammar is not None
         before = len(req.output_ids)
-        error = self.grammar.advance(req, tok)
-        if error is not None:
-            return FinishAbort(message=error, status_code=500)
+        abort = self.grammar.advance(req, tok)
+        if abort is not None:
+            return abort
         self.counters["forced_tokens"] += len(req.output_ids) - before
         if req.matcher.is_terminated():
             return FinishStop()

@@ -212,3 +212,23 @@ def test_a_stream_whose_constraint_fails_to_compile_is_a_400_not_a_200_stream(se
         raise AssertionError("expected a 400")
     except openai.BadRequestError as exc:
         assert "does not compile" in str(exc)
+
+
+AMBIGUOUS = 'root ::= x*\nx ::= "a" | "a" "a" | x x | "b" x "b"'  # Earley work grows with the output
+
+
+def test_a_grammar_too_slow_to_follow_ends_its_request_not_the_batch(launch):
+    server = launch("--grammar-backend", "xgrammar", "--grammar-max-mask-ms", "5")
+    status, out = server.request("POST", "/generate", {"text": "x", "sampling_params": {
+        "ebnf": AMBIGUOUS, "max_new_tokens": 600, "min_new_tokens": 600, "temperature": 1.0, "seed": 1}})
+    assert status == 400 and "longer than 5 ms to write one step's token mask" in out["error"]["message"], out
+    status, out = server.request("POST", "/generate", {"text": "x", "sampling_params": {
+        "regex": "[0-9]{3}", "temperature": 1.0}})
+    assert status == 200 and re.fullmatch("[0-9]{3}", out["text"]), out
+
+
+def test_ignore_eos_still_ends_a_constrained_output_where_its_grammar_does(server):
+    for seed in range(8):
+        status, out = server.request("POST", "/generate", {"text": "x", "sampling_params": {
+            "regex": "[ab]{1,3}", "ignore_eos": True, "temperature": 1.0, "seed": seed, "max_new_tokens": 8}})
+        assert status == 200 and re.fullmatch("[ab]{1,3}", out["text"]), out
