@@ -73,19 +73,31 @@ class XgrammarMatcher(PushdownMatcher):
         import xgrammar
 
         super().__init__(grammar, xgrammar.GrammarMatcher(grammar.compiled))
-        self._scratch = np.zeros((1, grammar.tables.words), dtype=np.int32)
+        self._mask = np.zeros(grammar.tables.words, dtype=np.int32)
+        self._mask_fresh = False  # `_mask` is the current state's (is_terminated wrote it)
         used = grammar.tables.vocab.logits_size % 32  # bits of the last word that are tokens
         self._last_word = np.uint32((1 << used) - 1 if used else 0xFFFFFFFF)
 
     def fill_bitmask(self, out: np.ndarray, remaining: int | None = None) -> None:
         """Write the allowed-token bitset of the current state into `out` (int32 words); the
-        bits past the logits, which xgrammar may set, are cleared."""
+        bits past the logits, which xgrammar may set, are cleared. A mask `is_terminated`
+        just wrote for this state is copied, not computed again."""
+        if self._mask_fresh:
+            out[:] = self._mask
+            return
         self._m.fill_next_token_bitmask(torch.from_numpy(out.reshape(1, -1)))
         out.view(np.uint32)[-1] &= self._last_word
 
     def accept_token(self, token: int) -> bool:
         """Advance by one token; False (state unchanged) if the grammar does not allow it."""
-        return token not in self._eos and self._m.accept_token(token)
+        if token in self._eos or not self._m.accept_token(token):
+            return False
+        self._mask_fresh = False
+        return True
+
+    def rollback(self, tokens: int) -> None:
+        self._mask_fresh = False
+        self._m.rollback(tokens)
 
     def accept_tokens(self, tokens: list[int]) -> bool:
         """Advance by all of `tokens`, or by none of them."""
@@ -103,9 +115,12 @@ class XgrammarMatcher(PushdownMatcher):
         """The output is complete: only EOS may follow."""
         if not self._m.is_completed():
             return False
-        self.fill_bitmask(self._scratch[0])
-        set_bits(self._scratch[0], self.grammar.tables.eos_ids, on=False)
-        return not self._scratch[0].any()
+        if not self._mask_fresh:
+            self.fill_bitmask(self._mask)
+            self._mask_fresh = True
+        others = self._mask.copy()
+        set_bits(others, self.grammar.tables.eos_ids, on=False)
+        return not others.any()
 
     def forced_bytes(self) -> bytes:
         """The text every valid continuation starts with (whole UTF-8 characters)."""
