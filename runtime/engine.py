@@ -25,7 +25,7 @@ T = TypeVar("T")
 Prompt = str | list[str] | None
 InputIds = list[int] | list[list[int]] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
-OPTIONS = {"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"}  # **logprob_options
+OPTIONS = {"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "require_reasoning"}  # **options
 PROGRESS_MIN_BATCH = 32  # batches at least this large show a progress bar by default
 START_TIMEOUT_S = 600.0
 
@@ -78,7 +78,8 @@ class Engine:
         back, in order, n per prompt); SGLang's Engine argument order. `stream=True` (one prompt) returns an iterator of
         dicts with cumulative text. `rid` names the request(s) for `abort`. `progress` shows
         a bar (default: batches >= 32). `logprob_options`: logprob_start_len (>= 0 adds
-        prompt logprobs), top_logprobs_num, return_text_in_logprobs."""
+        prompt logprobs), top_logprobs_num, return_text_in_logprobs; also require_reasoning
+        (with a reasoning parser: the constraint starts after </think>)."""
         prepared, single = self._prepare(prompt, input_ids, sampling_params, rid, dict(
             stream=stream, return_logprob=return_logprob, cache_salt=cache_salt, **logprob_options))
         if stream:
