@@ -17,6 +17,7 @@ bounded in bytes and, optionally, on disk keyed by (backend, kind, text, vocabul
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -140,7 +141,7 @@ class GrammarCompiler:
         self.tables = VocabTables.build(vocab)
         blob = vocab.outlines().__reduce__()[1][0]
         self.vocab_digest = hashlib.sha256(blob).hexdigest()[:16]
-        self._inits = {"outlines": lambda: blob, "xgrammar": lambda: tokenizer_info_json(vocab)}
+        self._inits = {"outlines": lambda: blob, "xgrammar": lambda: self._xgrammar_info_json}
         self._workers: dict[str, queue.Queue[_Worker]] = {}
         self._xgrammar_info: Any = None
         self._llguidance_tokenizer: Any = None
@@ -151,6 +152,11 @@ class GrammarCompiler:
         self._pending: dict[Constraint, Future] = {}
         self._failed: OrderedDict[Constraint, str] = OrderedDict()  # constraint -> its error message
         self.stats = {"compiles": 0, "cache_hits": 0, "disk_hits": 0, "errors": 0, "compile_s": 0.0}
+
+    @functools.cached_property
+    def _xgrammar_info_json(self) -> bytes:
+        """xgrammar's TokenizerInfo for this vocabulary (workers and matchers load it)."""
+        return tokenizer_info_json(self.vocab)
 
     def submit(self, constraint: Constraint) -> Future:
         """A Future of the compiled grammar (done at once on a cache hit)."""
