@@ -230,8 +230,8 @@ class GrammarCompiler:
     def _xgrammar(self, constraint: Constraint) -> XgrammarGrammar:
         import xgrammar
 
-        regex = plan(constraint).regex if constraint.kind in ("regex", "choices") else ""
-        done = self._run("xgrammar", constraint, CompileJob(regex, kind=constraint.kind, text=constraint.text))
+        done = self._run("xgrammar", constraint, CompileJob(_regex_of(constraint), kind=constraint.kind,
+                                                            text=constraint.text))
         with self._lock:
             if self._xgrammar_info is None:
                 self._xgrammar_info = xgrammar.TokenizerInfo.deserialize_json(self._inits["xgrammar"]().decode())
@@ -242,9 +242,8 @@ class GrammarCompiler:
         with self._lock:
             if self._llguidance_tokenizer is None:
                 self._llguidance_tokenizer = make_tokenizer(self.vocab, self.encode)
-        regex = plan(constraint).regex if constraint.kind in ("regex", "choices") else ""
         try:
-            text = grammar_text(constraint.kind, constraint.text, regex)
+            text = grammar_text(constraint.kind, constraint.text, _regex_of(constraint))
         except ValueError as exc:
             raise GrammarError(f"the constraint does not compile: {exc}") from None
         result: Future = Future()
@@ -319,6 +318,11 @@ class GrammarCompiler:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(msgspec.msgpack.encode(done))
         tmp.replace(path)
+
+
+def _regex_of(constraint: Constraint) -> str:
+    """Arbor's regex for a regex or choices constraint (the pushdown backends take it as is)."""
+    return plan(constraint).regex if constraint.kind in ("regex", "choices") else ""
 
 
 def _too_slow(timeout_s: float) -> str:

@@ -26,6 +26,7 @@ import numpy as np
 from arbor.grammar.bitmask import set_bits
 from arbor.grammar.budget import BUDGET_MARGIN
 
+THINK_START, THINK_END = "<think>", "</think>"  # the section's markers (Qwen3, DeepSeek-R1)
 MAYBE, OPENING, THINKING, ANSWER = range(4)
 
 

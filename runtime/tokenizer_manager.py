@@ -19,6 +19,7 @@ from typing import Any
 import zmq.asyncio
 
 from arbor.grammar.constraint import backend_for, check_output, constraint_from_params, post_checked
+from arbor.grammar.reasoning_gate import THINK_END, THINK_START
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.ipc import AsyncPuller, AsyncPusher
 from arbor.runtime.messages import (
@@ -44,8 +45,6 @@ from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
 from arbor.runtime.processes import ChildProcesses
 from arbor.runtime.request import GenerateInput
 from arbor.runtime.sampling_params import SamplingParams
-from arbor.runtime.server.reasoning import END as THINK_END
-from arbor.runtime.server.reasoning import START as THINK_START
 
 logger = logging.getLogger(__name__)
 CHILDREN = ("scheduler", "detokenizer")

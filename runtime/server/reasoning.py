@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-START, END = "<think>", "</think>"
+from arbor.grammar.reasoning_gate import THINK_END as END
+from arbor.grammar.reasoning_gate import THINK_START as START
+
 PARSERS = ("qwen3", "deepseek-r1")
 
 

@@ -190,10 +190,18 @@ class ServerState:
 def _result(task: asyncio.Future[Any]) -> Any:
     try:
         return task.result()
-    except EngineDead as e:
-        raise ApiError(503, str(e), "server_error") from None
-    except ValueError as e:  # e.g. a request id already in flight, a constraint that failed
-        raise ApiError(getattr(e, "status", 400), str(e)) from None
+    except (EngineDead, ValueError) as e:  # e.g. a request id already in flight, a constraint that failed
+        raise _api_error(e) from None
+
+
+def _api_error(e: Exception) -> ApiError:
+    """The HTTP error for what a request's run raised: a dead engine is a 503, a refusal its
+    own status (400 by default)."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, EngineDead):
+        return ApiError(503, str(e), "server_error")
+    return ApiError(getattr(e, "status", 400), str(e))
 
 
 async def read_body(request: Request, kind: type, args: ServerArgs) -> Any:
@@ -229,15 +237,9 @@ async def sse(events: AsyncIterator[dict[str, Any]], done: bool = True) -> Strea
         first = await anext(events)
     except StopAsyncIteration:
         first = None
-    except EngineDead as e:
+    except (ApiError, EngineDead, ValueError) as e:
         await events.aclose()
-        raise ApiError(503, str(e), "server_error") from None
-    except ApiError:
-        await events.aclose()
-        raise
-    except ValueError as e:
-        await events.aclose()
-        raise ApiError(getattr(e, "status", 400), str(e)) from None
+        raise _api_error(e) from None
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -245,12 +247,8 @@ async def sse(events: AsyncIterator[dict[str, Any]], done: bool = True) -> Strea
                 yield b"data: " + json.dumps(first, ensure_ascii=False).encode() + b"\n\n"
             async for event in events:
                 yield b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
-        except ApiError as e:
-            yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
-        except EngineDead as e:
-            yield b"data: " + json.dumps(ApiError(503, str(e), "server_error").body()).encode() + b"\n\n"
-        except ValueError as e:
-            yield b"data: " + json.dumps(ApiError(getattr(e, "status", 400), str(e)).body()).encode() + b"\n\n"
+        except (ApiError, EngineDead, ValueError) as e:
+            yield b"data: " + json.dumps(_api_error(e).body()).encode() + b"\n\n"
         if done:
             yield b"data: [DONE]\n\n"
 
