@@ -4,7 +4,8 @@ A small draft spends much of each forward on the 50k-row LM head. Most guesses c
 few thousand tokens (on the evaluation pair, the 8,192 commonest training tokens cover 98.8%
 of held-out text), so the head computes just those rows and gives every other token -inf.
 Guesses only propose; the target verifies every one, so outputs are unchanged and only
-acceptance can drop. The token map is SGLang's `--speculative-token-map` format: a torch
+acceptance can drop. A greedy pick reads the hot logits directly; only a grammar's mask needs
+them spread over the whole vocabulary. The token map is SGLang's `--speculative-token-map` format: a torch
 file holding a 1-D tensor of token ids.
 """
 
@@ -17,18 +18,23 @@ from torch import nn
 
 
 class HotHead(nn.Module):
-    """Logits [N, vocab]: the hot rows of the full head's weight, -inf elsewhere."""
+    """Logits [N, hot tokens]: the hot rows of the full head's weight, in `hot`'s order (a
+    greedy pick is `hot[argmax]`; `full_vocab` spreads them over the vocabulary)."""
 
     def __init__(self, weight: torch.Tensor, hot: torch.Tensor) -> None:
         super().__init__()
-        self.vocab = weight.shape[0]
         self.hot = hot.to(device=weight.device, dtype=torch.int64)
         self.proj = nn.Linear(weight.shape[1], hot.numel(), bias=False, device=weight.device, dtype=weight.dtype)
         self.proj.weight.data.copy_(weight.detach()[self.hot])
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = hidden.new_full((hidden.shape[0], self.vocab), float("-inf"))
-        return out.index_copy_(1, self.hot, self.proj(hidden))
+        return self.proj(hidden)
+
+
+def full_vocab(logits: torch.Tensor, columns: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N, vocab] logits from a hot head's [N, len(columns)]: -inf for every other token."""
+    out = logits.new_full((logits.shape[0], vocab), float("-inf"))
+    return out.index_copy_(1, columns, logits)
 
 
 def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
@@ -42,7 +48,9 @@ def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
     return ids
 
 
-def use_hot_head(model: nn.Module, hot: torch.Tensor) -> None:
-    """Give `model` a HotHead in place of its LM head (tied or not); call before packing."""
+def use_hot_head(model: nn.Module, hot: torch.Tensor) -> torch.Tensor:
+    """Give `model` a HotHead in place of its LM head (tied or not; call before packing);
+    returns the token id of each of its logits' columns."""
     head = model.lm_head if model.lm_head is not None else model.embed_tokens
     model.lm_head = HotHead(head.weight, hot)
+    return model.lm_head.hot

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
 from arbor.kernels.cpu_ops import argmax_cpu
 from arbor.radix.cache import RadixCache
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from arbor.runtime.model.hot_head import load_token_map
-from arbor.runtime.model.runner import ModelRunner
+from arbor.runtime.model.hot_head import full_vocab, load_token_map
+from arbor.runtime.model.runner import LogitsOutput, ModelRunner
 from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.req import Req
@@ -118,7 +116,7 @@ class DraftProposer:
         inputs = [s.fill_ids()[s.kv_len :].tolist() for s in shadows]
         fb = ForwardBatch.build(ForwardMode.EXTEND, inputs, [s.kv_len for s in shadows], [s.row for s in shadows],
                                 loc, self.runner.req_to_token.table)
-        picks = _picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
+        picks = self._picks(self.runner.forward(fb), reqs, grammar, ahead)
         for s, e in zip(shadows, ends):
             s.kv_len = e
             self.kv.cache_prefix(s)  # later requests with this prompt hit the draft's tree too
@@ -137,13 +135,17 @@ class DraftProposer:
             return None
         fb = ForwardBatch.build(ForwardMode.DECODE, [[a[-1]] for a in ahead], starts, [s.row for s in shadows], loc,
                                 self.runner.req_to_token.table)
-        return _picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
+        return self._picks(self.runner.forward(fb), reqs, grammar, ahead)
 
-
-
-def _picks(logits: torch.Tensor, reqs: list[Req], grammar: GrammarBackend | None, ahead: list[list[int]]) -> list[int]:
-    """The draft's argmax per row, masked for constrained requests by the grammar state after
-    their output and their guesses so far."""
-    if grammar is not None:
-        grammar.apply_masks(reqs, logits, ahead)
-    return argmax_cpu(logits).tolist()
+    def _picks(self, out: LogitsOutput, reqs: list[Req], grammar: GrammarBackend | None, ahead: list[list[int]]
+               ) -> list[int]:
+        """The draft's argmax per row, masked for constrained requests by the grammar state
+        after their output and their guesses so far."""
+        logits = out.next_token_logits
+        if grammar is not None and any(r.matcher is not None for r in reqs):
+            if out.columns is not None:
+                logits = full_vocab(logits, out.columns, self.runner.config.vocab_size)
+            grammar.apply_masks(reqs, logits, ahead)
+        elif out.columns is not None:
+            return out.columns[argmax_cpu(logits)].tolist()
+        return argmax_cpu(logits).tolist()

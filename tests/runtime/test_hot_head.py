@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from arbor.runtime.model.hot_head import HotHead, load_token_map, use_hot_head
+from arbor.runtime.model.hot_head import HotHead, full_vocab, load_token_map, use_hot_head
 
 
 def test_hot_head_matches_the_full_head_on_hot_tokens() -> None:
@@ -17,17 +17,22 @@ def test_hot_head_matches_the_full_head_on_hot_tokens() -> None:
     hidden = torch.randn(3, 8)
     out = HotHead(weight, hot)(hidden)
     full = hidden @ weight.T
-    assert out.shape == (3, 50)
-    assert torch.allclose(out[:, hot], full[:, hot], atol=1e-6)
+    assert out.shape == (3, 5)
+    assert torch.allclose(out, full[:, hot], atol=1e-6)
+    spread = full_vocab(out, hot, 50)
+    assert spread.shape == (3, 50)
+    assert torch.equal(spread[:, hot], out)
     cold = torch.ones(50, dtype=torch.bool)
     cold[hot] = False
-    assert torch.isneginf(out[:, cold]).all()
+    assert torch.isneginf(spread[:, cold]).all()
+    # A greedy pick read from the hot columns is the full head's argmax over the hot tokens.
+    assert torch.equal(hot[out.argmax(-1)], spread.argmax(-1))
 
 
 def test_use_hot_head_replaces_a_tied_head() -> None:
     model = nn.Module()
     model.embed_tokens, model.lm_head = nn.Embedding(20, 4), None
-    use_hot_head(model, torch.tensor([3, 5]))
+    assert use_hot_head(model, torch.tensor([3, 5])).tolist() == [3, 5]
     assert isinstance(model.lm_head, HotHead)
     assert torch.equal(model.lm_head.proj.weight, model.embed_tokens.weight[[3, 5]])
 

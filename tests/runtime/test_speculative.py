@@ -155,20 +155,25 @@ EDITED = [
 ]
 
 
-@pytest.mark.parametrize("algorithm", ["ngram", "draft"])
-def test_greedy_equal_with_grammar_penalties_and_stop_strings(tiny_model, algorithm: str) -> None:
+@pytest.mark.parametrize("algorithm", ["ngram", "draft", "draft, token map"])
+def test_greedy_equal_with_grammar_penalties_and_stop_strings(tiny_model, tmp_path, algorithm: str) -> None:
     """Grammar-constrained requests (guesses cut to the grammar, per-guess masks, jump-forward
     mid-verification), penalised ones (each guess row penalised as if the guesses before it
-    were output) and stop strings: spec on == spec off, and constrained rows did speculate."""
+    were output) and stop strings: spec on == spec off, and constrained rows did speculate.
+    With a token map, constrained rows spread the draft's hot logits over the vocabulary
+    before their masks; unconstrained rows pick from the hot columns."""
     path = tiny_model("llama")
     prompts = ["Return the record: " * 3, "yes no yes no yes no", "Pick one:", "JSON please " * 4,
                "repeat repeat repeat", "repeat repeat repeat", "the cat and the dog and the cat"]
     params = [{**p, "temperature": 0, "max_new_tokens": 48} for p in CONSTRAINED + EDITED]
     common = {"max_total_tokens": 4096, "page_size": 16}
-    extra = {"speculative_draft_model_path": str(path)} if algorithm == "draft" else {}
     with Engine(str(path), dtype="float32", **common) as e:
         base = e.generate(prompts, sampling_params=params)
-    with Engine(str(path), dtype="float32", speculative_algorithm=algorithm, **common, **extra) as e:
+    extra = {"speculative_draft_model_path": str(path)} if algorithm.startswith("draft") else {}
+    if algorithm.endswith("token map"):  # the tokens the target picks: the draft's head keeps agreeing
+        torch.save(torch.tensor(sorted({t for o in base for t in o["output_ids"]})), tmp_path / "map.pt")
+        extra["speculative_token_map"] = str(tmp_path / "map.pt")
+    with Engine(str(path), dtype="float32", speculative_algorithm=algorithm.split(",")[0], **common, **extra) as e:
         spec = e.generate(prompts, sampling_params=params)
         stats = e.stats()
     assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in base]

@@ -74,8 +74,9 @@ class TorchAttnBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self.page_size = self.req_to_token.page_size
         self.shared = find_shared_prefixes(batch, self.req_to_token.table, self.page_size)
-        if self.ops is not None and batch.mode is ForwardMode.DECODE and not self.shared:
-            self._plan_decode(batch)
+        if self.ops is not None and not self.shared and (
+                batch.mode is ForwardMode.DECODE or int(batch.extend_lens.max()) < SDPA_MIN_Q):
+            self._plan_short(batch)
             return
         start = torch.zeros_like(batch.seq_lens)
         for sp in self.shared:
@@ -99,10 +100,10 @@ class TorchAttnBackend(AttentionBackend):
         self.kernel_all = self.kernel is not None and not self.groups
         self.exact_tokens = torch.cat(exact) if exact else None
 
-    def _plan_decode(self, batch: ForwardBatch) -> None:
-        """Decode with no shared prefix (the common step, and every draft step): one token
-        per request, all to the kernel from position 0, nothing to pad or merge."""
-        rows = torch.arange(batch.batch_size, device=batch.seq_lens.device)
+    def _plan_short(self, batch: ForwardBatch) -> None:
+        """Short queries and no shared prefix (decode, a speculative verify step, a draft's
+        catch-up): every token to the kernel from position 0, nothing to pad or merge."""
+        rows = torch.arange(batch.input_ids.numel(), device=batch.seq_lens.device)
         self.kernel = _KernelRows(rows, batch.req_pool_indices, torch.zeros_like(batch.seq_lens), batch.seq_lens,
                                   batch.qo_indptr.to(torch.int64))
         self.groups, self.any_sdpa, self.kernel_all, self.exact_tokens = [], False, True, rows
