@@ -5,14 +5,17 @@ The target (`make_eval_models.py`) is quantized once per scheme by `quantize.py`
 quantizer's own venv (`scripts/quantizer_venv.sh`; ARBOR_QUANTIZER_PYTHON names another) and
 cached beside it; the GPTQ-layout row by Intel Neural Compressor (`quantize_gptq.py`,
 `scripts/quantizer_venv.sh --gptq`; ARBOR_GPTQ_PYTHON). For each of bf16, W8A16, W4A16-GPTQ,
-W8A8-SmoothQuant, FP8 and W4A16 in GPTQ's own layout (act-order):
+W8A8-SmoothQuant, FP8, W4A16 in GPTQ's own layout (act-order), and W8A16 / W4A16-GPTQ with the
+LM head quantized too (`+ head`: llmcompressor's examples leave the head out, and on this small
+model it is most of the bytes a decode step reads):
 - perplexity of the held-out windows (`eval_ppl.py`: 64 x 512 tokens, prompt logprobs);
-- the bytes of the linear layers' weights as loaded, and of the whole model;
+- the bytes of the decoder's linear layers and of the LM head as loaded, and of the whole model;
 - greedy decode tok/s at batch 1 and 16 (128-token held-out prompts, 128 new tokens);
 - prefill tok/s (16 prompts of 512 tokens, one new token each);
 - the KV cache's tokens in 1 GiB (the `bf16, fp8 KV` row stores K and V in float8);
-medians of `--repeats` runs. vLLM runs the same checkpoints in the same run, where it loads
-them; its perplexity comes from `prompt_logprobs`. bf16 where the CPU has fast bf16, else fp32.
+medians of `--repeats` runs; Arbor's engines are all up at once and their runs interleave.
+vLLM runs the same checkpoints in the same run, one after another, where it loads them; its
+perplexity comes from `prompt_logprobs`. bf16 where the CPU has fast bf16, else fp32.
 
     python benchmarks/bench_quant.py            # table; JSON + PNG into docs/benchmarks/
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -37,10 +41,13 @@ PEERS = Path.home() / ".cache" / "arbor-peers"
 QUANTIZER = Path(os.environ.get("ARBOR_QUANTIZER_PYTHON", PEERS / "llmcompressor" / "venv" / "bin" / "python"))
 GPTQ_QUANTIZER = Path(os.environ.get("ARBOR_GPTQ_PYTHON", PEERS / "gptq" / "venv" / "bin" / "python"))
 GPTQ_LAYOUT = "gptq-layout"  # made by quantize_gptq.py (INC), not llmcompressor
+HEAD = "-head"  # a scheme name ending so: the LM head quantized too (quantize.py --lm-head)
 # name -> (scheme of the checkpoint, KV-cache dtype)
 SCHEMES = {"bf16": (None, "auto"), "W8A16": ("w8a16", "auto"), "W4A16-GPTQ": ("w4a16-gptq", "auto"),
            "W8A8-SQ": ("w8a8-sq", "auto"), "FP8": ("fp8", "auto"), "W4A16, GPTQ layout": (GPTQ_LAYOUT, "auto"),
-           "bf16, fp8 KV": (None, "fp8_e4m3")}
+           "bf16, fp8 KV": (None, "fp8_e4m3"), "W8A16 + head": ("w8a16" + HEAD, "auto"),
+           "W4A16-GPTQ + head": ("w4a16-gptq" + HEAD, "auto")}
+KV_TOKENS = 16_384  # every engine the same pool (16 prompts of 512 fit), so all of them fit in memory at once
 VLLM_KV = {"auto": "auto", "fp8_e4m3": "fp8"}
 VLLM_READY_S = 300  # vLLM's start-up with its compile takes 1-2 minutes here; FP8 weights never got ready
 
@@ -56,7 +63,9 @@ def quantized(target: Path, scheme: str | None) -> Path:
         if not python.exists():
             raise SystemExit(f"no quantizer at {python}: run scripts/quantizer_venv.sh{' --gptq' if gptq else ''}")
         staging = out.with_name(out.name + ".tmp")
-        script, args = ("quantize_gptq.py", ["--act-order"]) if gptq else ("quantize.py", ["--scheme", scheme])
+        head = ["--lm-head"] if scheme.endswith(HEAD) else []
+        script, args = (("quantize_gptq.py", ["--act-order"]) if gptq
+                        else ("quantize.py", ["--scheme", scheme.removesuffix(HEAD), *head]))
         subprocess.run([str(python), str(Path(__file__).with_name(script)), str(target), str(staging), *args],
                        check=True)
         staging.rename(out)
@@ -64,22 +73,23 @@ def quantized(target: Path, scheme: str | None) -> Path:
 
 
 def weight_bytes(path: Path, dtype: torch.dtype) -> dict[str, int]:
-    """Bytes of the linear layers (quantized or not) and of every weight, as Arbor loads them."""
+    """Bytes of the decoder's linear layers (quantized or not), of the LM head (a tied one
+    reads the embedding) and of every weight, as Arbor loads them."""
     from torch import nn
 
     from arbor.runtime.model.loader import load_model
     from arbor.runtime.model.quant.linear import QuantLinear
 
+    def size(m: nn.Module) -> int:
+        return m.weight_bytes() if isinstance(m, QuantLinear) else m.weight.numel() * m.weight.element_size()
+
     model, _ = load_model(path, dtype, torch.device("cpu"))
-    linear = 0
-    for name, m in model.named_modules():
-        if isinstance(m, QuantLinear):
-            linear += m.weight_bytes()
-        elif isinstance(m, nn.Linear) and name != "lm_head":
-            linear += m.weight.numel() * m.weight.element_size()
+    linear = sum(size(m) for name, m in model.named_modules()
+                 if isinstance(m, (QuantLinear, nn.Linear)) and name != "lm_head")
+    head = size(model.lm_head if model.lm_head is not None else model.embed_tokens)
     quant = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {"linear_bytes": linear, "model_bytes": dense + quant}
+    return {"linear_bytes": linear, "head_bytes": head, "model_bytes": dense + quant}
 
 
 def kv_tokens_per_gib(path: Path, dtype: str, kv: str) -> int:
@@ -90,31 +100,32 @@ def kv_tokens_per_gib(path: Path, dtype: str, kv: str) -> int:
     return 2**30 // ModelConfig.from_dir(path).kv_bytes_per_token(bits // 8)
 
 
-def arbor_cells(path: Path, dtype: str, kv: str, prompts: list[list[int]], long: list[list[int]], repeats: int
-                ) -> dict[str, float]:
+def arbor_speed(paths: dict[str, tuple[Path, str]], dtype: str, prompts: list[list[int]], long: list[list[int]],
+                repeats: int) -> dict[str, dict[str, float]]:
+    """Decode tok/s at batch 1 and 16 and prefill tok/s of every scheme, {name: (checkpoint,
+    KV dtype)}. All the engines stay up and the runs interleave: round r runs each measurement
+    on every scheme in turn, so this shared machine's slow minutes land on all schemes alike."""
     from arbor import Engine
 
     greedy = {"max_new_tokens": 128, "temperature": 0, "ignore_eos": True}
-    cells: dict[str, float] = {}
-    with Engine(str(path), dtype=dtype, kv_cache_dtype=kv, max_running_requests=64) as engine:
-        engine.generate(input_ids=prompts[:2], sampling_params={"max_new_tokens": 8}, progress=False)
-        for b in (1, 16):
-            cells[f"decode_b{b}"] = b * 128 / _median(repeats, engine, lambda e, b=b: e.generate(
-                input_ids=prompts[:b], sampling_params=greedy, progress=False))
-        tokens = sum(len(p) for p in long)
-        cells["prefill"] = tokens / _median(repeats, engine, lambda e: e.generate(
-            input_ids=long, sampling_params={"max_new_tokens": 1}, progress=False))
-    return cells
-
-
-def _median(repeats: int, engine: Any, run: Any) -> float:
-    times = []
-    for _ in range(repeats):
-        engine.flush_cache()
-        t0 = time.perf_counter()
-        run(engine)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    work = {"decode_b1": (prompts[:1], greedy, 128), "decode_b16": (prompts[:16], greedy, 16 * 128),
+            "prefill": (long, {"max_new_tokens": 1}, sum(len(p) for p in long))}
+    times: dict[str, dict[str, list[float]]] = {n: {k: [] for k in work} for n in paths}
+    with contextlib.ExitStack() as stack:
+        engines = {n: stack.enter_context(Engine(str(path), dtype=dtype, kv_cache_dtype=kv, max_running_requests=64,
+                                                 max_total_tokens=KV_TOKENS))
+                   for n, (path, kv) in paths.items()}
+        for engine in engines.values():
+            engine.generate(input_ids=prompts[:2], sampling_params={"max_new_tokens": 8}, progress=False)
+        for r in range(repeats):
+            for key, (inputs, params, _) in work.items():
+                for name, engine in engines.items():
+                    engine.flush_cache()
+                    t0 = time.perf_counter()
+                    engine.generate(input_ids=inputs, sampling_params=params, progress=False)
+                    times[name][key].append(time.perf_counter() - t0)
+            print(f"  round {r + 1} of {repeats} done", flush=True)
+    return {n: {k: work[k][2] / statistics.median(ts) for k, ts in per.items()} for n, per in times.items()}
 
 
 def vllm_cells(path: Path, dtype: str, kv: str, name: str, prompts: list[list[int]], long: list[list[int]],
@@ -176,17 +187,21 @@ def main() -> None:
     prompts = [w[:128] for w in eval_data.heldout_windows(target, 16, 256)]
     long = eval_data.heldout_windows(target, 16, 512)
     result: dict[str, Any] = {"model": target.name, "dtype": dtype, "schemes": {}}
+    paths = {}
     for name in args.schemes:
         scheme, kv = SCHEMES[name]
-        path = quantized(target, scheme)
+        path = paths[name] = quantized(target, scheme)
         print(f"{name}: {path}", flush=True)
-        cell: dict[str, Any] = {"path": str(path), "kv_cache_dtype": kv, **weight_bytes(path, getattr(torch, dtype)),
-                                "kv_tokens_per_gib": kv_tokens_per_gib(path, dtype, kv)}
-        cell["ppl"] = eval_ppl.arbor_ppl(path, windows, dtype=dtype, kv_cache_dtype=kv)
-        cell.update(arbor_cells(path, dtype, kv, prompts, long, args.repeats))
+        result["schemes"][name] = {"path": str(path), "kv_cache_dtype": kv, **weight_bytes(path, getattr(torch, dtype)),
+                                   "kv_tokens_per_gib": kv_tokens_per_gib(path, dtype, kv),
+                                   "ppl": eval_ppl.arbor_ppl(path, windows, dtype=dtype, kv_cache_dtype=kv)}
+    print("Arbor, every scheme interleaved:", flush=True)
+    speed = arbor_speed({n: (paths[n], SCHEMES[n][1]) for n in paths}, dtype, prompts, long, args.repeats)
+    for name, cell in result["schemes"].items():
+        cell.update(speed[name])
         if not args.no_peer:
-            cell["vllm"] = vllm_cells(path, dtype, kv, name, prompts, long, windows, args.repeats)
-        result["schemes"][name] = cell
+            cell["vllm"] = vllm_cells(paths[name], dtype, cell["kv_cache_dtype"], name, prompts, long, windows,
+                                      args.repeats)
         print(f"  {_row(name, cell, result['schemes'].get('bf16'))}", flush=True)
     report(result)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -198,8 +213,8 @@ def _row(name: str, c: dict[str, Any], base: dict[str, Any] | None) -> str:
     base = base or c
     rel = lambda k: c[k] / base[k]  # noqa: E731
     return (f"{name:12} ppl {c['ppl']:7.3f} ({100 * (c['ppl'] / base['ppl'] - 1):+5.2f}%)  KV/GiB "
-            f"{c['kv_tokens_per_gib']:7d}  linear "
-            f"{c['linear_bytes'] / 2**20:6.1f} MiB  model {c['model_bytes'] / 2**20:6.1f} MiB  decode b1 "
+            f"{c['kv_tokens_per_gib']:7d}  linear {c['linear_bytes'] / 2**20:6.1f} MiB  head "
+            f"{c['head_bytes'] / 2**20:5.1f} MiB  model {c['model_bytes'] / 2**20:6.1f} MiB  decode b1 "
             f"{c['decode_b1']:6.1f} ({rel('decode_b1'):.2f}x)  b16 {c['decode_b16']:7.1f} ({rel('decode_b16'):.2f}x)  "
             f"prefill {c['prefill']:7.1f} ({rel('prefill'):.2f}x)")
 
@@ -218,8 +233,10 @@ def report(r: dict[str, Any]) -> None:
         if "error" in v:
             print(f"  {name:12} not run: {v['error'][:300]}")
         else:
-            with_bytes = {**v, **{k: cell[k] for k in ("linear_bytes", "model_bytes", "kv_tokens_per_gib")}}
-            print("  " + _row(name, with_bytes, {**vbase, "linear_bytes": 1, "model_bytes": 1} if "ppl" in vbase
+            with_bytes = {**v, **{k: cell[k] for k in ("linear_bytes", "head_bytes", "model_bytes",
+                                                      "kv_tokens_per_gib")}}
+            print("  " + _row(name, with_bytes, {**vbase, "linear_bytes": 1, "head_bytes": 1, "model_bytes": 1}
+                              if "ppl" in vbase
                               else with_bytes))
 
 

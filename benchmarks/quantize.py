@@ -14,7 +14,8 @@ Schemes (compressed-tensors checkpoints):
   w4a16-asym    int4 weights, groups, asymmetric (zero points), GPTQ
   w8a8-sq       SmoothQuant, then int8 weights per channel and int8 activations per token (dynamic)
   fp8           float8_e4m3 weights per channel, dynamic per-token float8 activations
-Calibration uses `--calib` windows of 256 tokens from the standard library's training split
+`--lm-head` quantizes the LM head as well (a tied one is untied: the embedding stays in the
+model's dtype). Calibration uses `--calib` windows of 256 tokens from the standard library's training split
 (`eval_data.py`, the eval models' tokenizer), or random ids for tiny test models.
 """
 
@@ -26,12 +27,12 @@ import sys
 from pathlib import Path
 
 
-def recipe(scheme: str, group: int) -> list:
+def recipe(scheme: str, group: int, lm_head: bool = False) -> list:
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 
-    ignore = ["lm_head"]
+    ignore = [] if lm_head else ["lm_head"]
     if scheme == "w8a16":
         return [QuantizationModifier(targets="Linear", scheme="W8A16", ignore=ignore)]
     if scheme == "fp8":
@@ -84,6 +85,9 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=None,
                     help="a directory with tokenizer.json (default: the model's; llmcompressor wants one)")
     ap.add_argument("--tiny", action="store_true", help="first write a random tiny Llama to MODEL (tests/data)")
+    ap.add_argument("--lm-head", action="store_true",
+                    help="quantize the LM head too (llmcompressor's examples leave it out; on a small model it is "
+                         "most of the weight bytes a decode step reads)")
     args = ap.parse_args()
     if args.tiny:
         write_tiny(args.model)
@@ -96,7 +100,7 @@ def main() -> None:
     while cfg.hidden_size % group or cfg.intermediate_size % group:
         group //= 2
     data = calibration(args.model, args.calib, 256, cfg.vocab_size)
-    oneshot(model=model, tokenizer=str(args.tokenizer or args.model), recipe=recipe(args.scheme, group), dataset=data,
+    oneshot(model=model, tokenizer=str(args.tokenizer or args.model), recipe=recipe(args.scheme, group, args.lm_head), dataset=data,
             num_calibration_samples=args.calib,
             max_seq_length=256, output_dir=str(args.out))
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):

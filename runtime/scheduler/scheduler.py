@@ -11,13 +11,11 @@ import dataclasses
 import logging
 
 import msgspec
-import numpy as np
 import torch
 import zmq
 
 from arbor.grammar.compiler import GrammarBusy
 from arbor.radix.cache import RadixCache
-from arbor.radix.key import TOKEN_BYTES, common_prefix_bytes, to_key
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.disaggregation.role import make_role
 from arbor.runtime.messages import (
@@ -34,12 +32,13 @@ from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.parallel import SINGLE, TensorParallel
 from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.model.sampler import Sampler
+from arbor.runtime.scheduler.admission import Admission
 from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.logits import prepare_logits, prompt_logprobs, token_logprobs
-from arbor.runtime.scheduler.policy import order_waiting
 from arbor.runtime.scheduler.req import Req
-from arbor.runtime.scheduler.speculative import make_proposer, verify
+from arbor.runtime.scheduler.spec_step import SpeculativeStep
+from arbor.runtime.scheduler.speculative import make_proposer
 from arbor.runtime.scheduler.tensor_parallel import Mirror
 
 logger = logging.getLogger(__name__)
@@ -47,12 +46,11 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
-LOGITS_TOKEN_BUDGET = 1024  # tokens of a prefill batch that returns logits for every token
-IN_BATCH_SHARE_MIN = 32  # tokens; a request sharing this much with one being prefilled waits a step
 
 
-class Scheduler:
-    """Owns the ModelRunner, the KV bookkeeping and the waiting / running queues."""
+class Scheduler(Admission, SpeculativeStep):
+    """Owns the ModelRunner, the KV bookkeeping and the waiting / running queues. Choosing a
+    prefill batch lives in `admission.py`, a speculative decode step in `spec_step.py`."""
 
     def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str | None = None,
                  tp: TensorParallel = SINGLE, mirror: Mirror | None = None) -> None:
@@ -266,80 +264,6 @@ class Scheduler:
                 self.running.append(req)
         return outs
 
-    def _prefill_batch(self) -> list[tuple[Req, int]]:
-        """Requests to prefill now with the end position of each one's chunk."""
-        if self.last_was_chunk and self.running and not self.args.enable_mixed_chunk:
-            self.last_was_chunk = False
-            return []  # a decode step between two chunks of a long prompt
-        if not self.waiting and self.chunked is None:
-            return []
-        chunk_cap = self.args.chunked_prefill_size or self.runner.context_len
-        budget = self.args.max_prefill_tokens
-        reserved = sum(int(r.remaining_new_tokens * self.new_token_ratio) for r in self.running)
-        room = self.kv.available() - reserved
-        batch: list[tuple[Req, int]] = []
-        if self.chunked is not None:
-            req = self.chunked
-            cap = min(chunk_cap, LOGITS_TOKEN_BUDGET) if req.wants_prompt_logprobs else chunk_cap
-            return [(req, min(req.seq_len, req.kv_len + min(cap, budget)))]
-        all_logits = False  # a batch with prompt logprobs computes logits of every token
-        order = order_waiting(self.waiting, self.args.schedule_policy, self.kv, self.args.schedule_max_skips)
-        for req in order:
-            if len(self.running) + len(batch) >= self.args.max_running_requests or budget <= 0:
-                break
-            fill = req.seq_len
-            prefix = self.kv.prefix_len(req)
-            if self._shares_with_batch(req, prefix, batch):
-                continue  # wait one step: the batch caches the shared prefix for it
-            if req.wants_prompt_logprobs and not all_logits:
-                if batch:
-                    break  # it starts the next batch, which stays small
-                all_logits, budget = True, min(budget, LOGITS_TOKEN_BUDGET)
-            end = min(fill, prefix + min(chunk_cap, budget))
-            future = int(req.remaining_new_tokens * self.new_token_ratio) if end == fill else 0
-            cost = self.kv.pages_for(prefix, end) + future
-            alone = not batch and not self.running
-            if cost > room and not alone:
-                break
-            before = self.kv.available()
-            if not self.kv.attach(req):
-                break
-            cost += before - self.kv.available()  # its prefix, now locked, can no longer be evicted
-            if cost > room and not alone:
-                self.kv.release(req)
-                break
-            if not req.admitted:
-                req.admitted = True
-                self.counters["prompt_tokens"] += len(req.origin_ids)
-                self.counters["cached_tokens"] += req.cached_tokens
-            room -= cost
-            budget -= end - req.kv_len
-            batch.append((req, end))
-            if end < fill or self.admit_one:
-                break  # a chunked prompt goes alone at the end of its batch
-        admitted = {id(r) for r, _ in batch}
-        for req in self.waiting:
-            if id(req) not in admitted and req.arrival < max((r.arrival for r, _ in batch), default=0):
-                req.skipped += 1
-        self.waiting = [r for r in self.waiting if id(r) not in admitted]
-        return batch
-
-    def _shares_with_batch(self, req: Req, prefix: int, batch: list[tuple[Req, int]]) -> bool:
-        """Whether a request already in this batch shares a long uncached prefix with `req`
-        (n samples of one prompt, or few-shot requests arriving together)."""
-        if self.tree is None or not batch:
-            return False
-        key = to_key(req.fill_ids())
-        for other, _ in batch:
-            shared = common_prefix_bytes(key, 0, to_key(other.fill_ids())) // TOKEN_BYTES
-            if shared - prefix >= IN_BATCH_SHARE_MIN:
-                return True
-        return False
-
-    @staticmethod
-    def _all_logits(batch: list[tuple[Req, int]]) -> bool:
-        return any(r.wants_prompt_logprobs for r, _ in batch)
-
     def _requeue_batch(self, reqs: list[Req]) -> list[ReqOut]:
         """A prefill batch whose KV could not be reserved (memory estimates were off): put it
         back and decode instead."""
@@ -430,69 +354,6 @@ class Scheduler:
                                 [r.kv_len for r in reqs], [r.row for r in reqs], loc,
                                 self.runner.req_to_token.table)
         return self._finish_decode(reqs, ends, self.runner.forward(fb).next_token_logits)
-
-    def _run_speculative(self) -> list[ReqOut] | None:
-        """A decode step that also verifies each request's guesses; None (a plain decode step
-        runs instead) when nobody has a guess or the guesses' KV cannot be reserved.
-        A constrained request's guesses are cut where its grammar stops accepting them."""
-        reqs = list(self.running)
-        room = self.runner.context_len - 1
-        budgets = [min(r.remaining_new_tokens, room - r.seq_len + 1) - 1 for r in reqs]
-        drafts = self.proposer.propose(reqs, budgets, self.grammar)
-        if self.grammar is not None:
-            drafts = [self.grammar.valid_prefix(r, d) if r.matcher is not None else d for r, d in zip(reqs, drafts)]
-        if not any(drafts):
-            return None
-        ends = [r.seq_len + len(d) for r, d in zip(reqs, drafts)]
-        loc = self.kv.reserve(reqs, ends)
-        if loc is None:
-            return None
-        inputs = [r.fill_ids()[r.kv_len :].tolist() + d for r, d in zip(reqs, drafts)]
-        fb = ForwardBatch.build(ForwardMode.EXTEND, inputs, [r.kv_len for r in reqs], [r.row for r in reqs], loc,
-                                self.runner.req_to_token.table, return_all_logits=True)
-        logits = self.runner.forward(fb).all_logits
-        # Each request's last len(draft) + 1 rows: the distributions after its last token and guesses.
-        ends_at = np.cumsum([len(x) for x in inputs])
-        rows = [int(e) - len(d) - 1 + j for e, d in zip(ends_at, drafts) for j in range(len(d) + 1)]
-        return self._finish_speculative(reqs, drafts, logits[rows])
-
-    def _finish_speculative(self, reqs: list[Req], drafts: list[list[int]], logits: torch.Tensor) -> list[ReqOut]:
-        """Verify the guesses, commit what holds (stopping at a finish or a jump-forward),
-        roll back the rest."""
-        row_reqs = [r for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)]
-        ahead = [d[:j] for d in drafts for j in range(len(d) + 1)]
-        logits, sampling = prepare_logits(row_reqs, logits, self.eos_ids, self.grammar, ahead)
-        offsets = np.cumsum([0] + [len(d) + 1 for d in drafts[:-1]]).tolist()
-        verdicts = verify(logits, offsets, drafts, sampling, self.sampler)
-        picked = [(row, tok) for v in verdicts for row, tok in zip(v.rows, v.tokens)]
-        lps = token_logprobs(reqs, logits, [r for r, _ in picked], [t for _, t in picked])
-        self._count_decode_step()
-        self.counters["spec_verify_steps"] += 1
-        outs, first = [], 0  # first: the request's first entry in `picked`
-        for req, draft, v in zip(reqs, drafts, verdicts):
-            pending = req.seq_len - req.kv_len  # forwarded this step before the guesses
-            committed, jumped = 0, False
-            for j, tok in enumerate(v.tokens):
-                jumped = self._commit(req, tok, lps, first + j)
-                committed += 1
-                if req.finish_reason is not None or jumped:
-                    break  # after a jump-forward rewrote the output, the later guesses are moot
-            # Output token i (1-based) is guess i while i <= accepted, and its K/V stands
-            # unless a jump-forward rewrote that token.
-            kept = min(v.accepted, committed - jumped)
-            req.kv_len += pending + kept
-            self.kv.truncate(req, req.kv_len)
-            self.proposer.commit(req, kept)
-            if draft:
-                req.spec_verify_ct += 1
-                self.counters["spec_request_steps"] += 1
-                self.counters["spec_draft_tokens"] += len(draft)
-                self.counters["spec_accepted_tokens"] += kept
-            self.counters["generated_tokens"] += committed
-            first += len(v.tokens)
-            self._emit(req, outs)
-        self.running = [r for r in self.running if r.finish_reason is None]
-        return outs
 
     @staticmethod
     def _decode_inputs(reqs: list[Req], ends: list[int]) -> tuple[list[list[int]], bool]:

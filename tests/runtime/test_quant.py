@@ -14,6 +14,8 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, CompressedTensorsConfig
 
 from arbor import Engine
+from arbor.kernels import cpu_ops
+from arbor.kernels.reference import woq_dequantize_ref
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.memory import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -26,8 +28,8 @@ from arbor.runtime.tiny_model import write_gpt2_tokenizer
 DATA = Path(__file__).resolve().parents[1] / "data" / "quant"
 # awq: AutoAWQ's GEMM layout; gptq (int4, groups, act-order, zero points) and gptq8 (int8 per
 # channel, symmetric): GPTQ's layout
-WEIGHT_ONLY = ["w8a16", "w4a16", "w4a16-asym", "awq", "gptq", "gptq8"]
-INT4 = {"w4a16", "w4a16-asym", "awq", "gptq"}
+WEIGHT_ONLY = ["w8a16", "w4a16", "w4a16-asym", "w4a16-head", "awq", "gptq", "gptq8"]
+INT4 = {"w4a16", "w4a16-asym", "w4a16-head", "awq", "gptq"}
 # the tool's own dequantized weights, written beside checkpoints that transformers cannot load here
 ORACLES = {"awq": "dequantized_by_autoawq.safetensors", "gptq": "dequantized_by_inc.safetensors",
            "gptq8": "dequantized_by_inc.safetensors"}
@@ -75,6 +77,7 @@ def test_logits_match_the_dequantized_model_in_transformers(name: str) -> None:
     rounding: 0.1% of the largest logit."""
     runner = _runner(name)
     assert any(isinstance(m, QuantLinear) for m in runner.model.modules())
+    assert isinstance(runner.model.lm_head, QuantLinear) == name.endswith("-head")  # untied by the quantizer
     hf = _hf(DATA / name)
     with torch.no_grad():
         for prompt, ours in zip(PROMPTS, _logits(runner, PROMPTS)):
@@ -100,6 +103,25 @@ def test_kernels_match_their_references(name: str, dtype: str) -> None:
             ours, ref = layer(x).float(), layer.reference(x).float()
             scale = ref.abs().max().item()
             assert (ours - ref).abs().max().item() <= (1e-5 if dtype == "float32" else 0.02) * scale, layer_name
+
+
+@pytest.mark.parametrize("name", ["w8a16", "w4a16-asym", "fp8"])
+def test_woq_linear_covers_every_row_block(name: str) -> None:
+    """The CPU kernel works through blocks of 8, 4 or 2 weight rows (by the rows of x), then
+    single rows: weights of 1, 3, 13 and 21 rows leave every remainder, at each batch size it
+    serves (1 to 8 rows of x), against the dequantized weight, fp32 within 1e-5 relative."""
+    ops = cpu_ops.load()
+    if ops is None:
+        pytest.skip("Arbor's CPU kernels do not build here")
+    w = next(m for m in _runner(name).model.modules() if isinstance(m, QuantLinear)).weight
+    g = torch.Generator().manual_seed(0)
+    for out_rows in (1, 3, 13, 21):
+        codes, scale, zero = (t[:out_rows].contiguous() for t in (w.codes, w.scale, w.zero))
+        dense = woq_dequantize_ref(codes, scale, zero, w.cols, w.group, w.kind)
+        for rows in range(1, 9):
+            x = torch.randn(rows, w.cols, generator=g)
+            got, ref = ops.woq_linear(x, codes, scale, zero, w.group, w.kind), x @ dense.T
+            assert (got - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), (out_rows, rows)
 
 
 @pytest.mark.parametrize("name", WEIGHT_ONLY + WITH_ACTIVATIONS)

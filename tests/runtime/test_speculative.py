@@ -76,17 +76,19 @@ def _generate(path, prompts, params, **engine_args):
     return outs, stats
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_greedy_outputs_equal_without_speculation(tiny_model, page_size: int) -> None:
+@pytest.mark.parametrize(("algorithm", "page_size"), [("ngram", 1), ("ngram", 16), ("draft", 1), ("draft", 16)])
+def test_greedy_outputs_equal_without_speculation(tiny_model, algorithm: str, page_size: int) -> None:
     """A mixed batch with cache hits (a shared prompt prefix), chunked prompts, stop ids, max
-    tokens and logprobs: spec on == spec off, token for token, and no slot leaks."""
+    tokens and logprobs: spec on == spec off, token for token, and no slot leaks. The draft
+    (the target's own checkpoint, so guesses hold) prefills its shadows through its own tree."""
     prompts = [*REPEATED, REPEATED[0][:30] + [7, 8, 9] * 10, REPEATED[1] * 2]
     params = [{"max_new_tokens": 48 - 4 * i, "temperature": 0, "stop_token_ids": [11] if i == 2 else []}
               for i in range(len(prompts))]
     common = {"page_size": page_size, "chunked_prefill_size": 64, "max_total_tokens": 4096}
     path = tiny_model("llama")
     base, _ = _generate(path, prompts, params, **common)
-    spec, stats = _generate(path, prompts, params, speculative_algorithm="ngram", **common)
+    extra = {"speculative_draft_model_path": str(path)} if algorithm == "draft" else {}
+    spec, stats = _generate(path, prompts, params, speculative_algorithm=algorithm, **common, **extra)
     assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in base]
     assert stats["spec_request_steps"] > 0 and stats["spec_accepted_tokens"] > 0, "guesses were made and held"
     assert stats["invariant_ok"] == 1.0
