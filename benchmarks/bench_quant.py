@@ -247,7 +247,7 @@ def chart(r: dict[str, Any]) -> None:
     import matplotlib.pyplot as plt
 
     names = list(r["schemes"])
-    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8))
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4.6))
     for ax, key, title in zip(axes, ("ppl", "decode_b1", "decode_b16", "prefill"),
                               ("held-out perplexity", "decode tok/s, batch 1", "decode tok/s, batch 16", "prefill tok/s")):
         arbor = [r["schemes"][n][key] for n in names]
@@ -255,7 +255,7 @@ def chart(r: dict[str, Any]) -> None:
         xs = range(len(names))
         ax.bar([x - 0.2 for x in xs], arbor, 0.4, label="Arbor")
         ax.bar([x + 0.2 for x in xs], vllm, 0.4, label="vLLM CPU")
-        ax.set_xticks(list(xs), names, rotation=30, fontsize=8)
+        ax.set_xticks(list(xs), names, rotation=45, ha="right", fontsize=8)
         ax.set_title(title)
     axes[0].legend()
     fig.suptitle(f"quantized eval target, activations {r['dtype']}")

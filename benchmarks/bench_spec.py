@@ -3,15 +3,15 @@ speed, spec off against n-gram guesses and the draft model, at batch 1, 4, 16 an
 
 Prompts are held-out standard-library code prefixes (128 tokens each); generation is greedy,
 128 tokens, all requests of a batch at once through the Engine (batch 1: four prompts, one
-after another). Each cell reports output tokens/s
-(median of `--repeats` runs), the mean tokens committed per verify step, and whether the
-outputs equal spec-off token for token. Every system stays up for the whole run and the runs
-interleave (round r: each batch size on each system in turn), so the machine's slow minutes
-(this is a shared machine) fall on all systems alike and the ratios stay comparable. The `, always` modes speculate at every batch size
-(no adaptive switch-off): where they fall below spec-off is where `--speculative-max-batch`
-should stop speculation. Peer in the same run: llama.cpp's `llama-server` on GGUF conversions
-of the pair (`peers.sh gguf` into ~/.cache/arbor-peers/eval-gguf/{target,draft}), without and
-with its draft model (`-md`, K = 4). bf16 where the CPU has fast bf16, else fp32.
+after another). Each cell reports output tokens/s (median of `--repeats` runs), the mean
+tokens committed per verify step, and whether the outputs equal spec-off token for token.
+Every system stays up for the whole run and the runs interleave (round r: each batch size on
+each system in turn), so this shared machine's slow minutes fall on all systems alike. The
+`, always` modes speculate at every batch size (no adaptive switch-off): where they fall below
+spec-off is where `--speculative-max-batch` should stop speculation. Peer in the same run:
+llama.cpp's `llama-server` on GGUF conversions of the pair (`peers.sh gguf` into
+~/.cache/arbor-peers/eval-gguf/{target,draft}), without and with its draft model (`-md`,
+K = 4). bf16 where the CPU has fast bf16, else fp32.
 
     python benchmarks/bench_spec.py            # table; JSON + PNG into docs/benchmarks/
 """

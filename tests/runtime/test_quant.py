@@ -108,8 +108,9 @@ def test_kernels_match_their_references(name: str, dtype: str) -> None:
 @pytest.mark.parametrize("name", ["w8a16", "w4a16-asym", "fp8"])
 def test_woq_linear_covers_every_row_block(name: str) -> None:
     """The CPU kernel works through blocks of 8, 4 or 2 weight rows (by the rows of x), then
-    single rows: weights of 1, 3, 13 and 21 rows leave every remainder, at each batch size it
-    serves (1 to 8 rows of x), against the dequantized weight, fp32 within 1e-5 relative."""
+    single rows: weights of 1, 3, 13 and 21 rows leave every remainder, at 1 to 8 rows of x and
+    at 13 and 20 (a large weight's batches), against the dequantized weight, fp32 within 1e-5
+    relative."""
     ops = cpu_ops.load()
     if ops is None:
         pytest.skip("Arbor's CPU kernels do not build here")
@@ -118,7 +119,7 @@ def test_woq_linear_covers_every_row_block(name: str) -> None:
     for out_rows in (1, 3, 13, 21):
         codes, scale, zero = (t[:out_rows].contiguous() for t in (w.codes, w.scale, w.zero))
         dense = woq_dequantize_ref(codes, scale, zero, w.cols, w.group, w.kind)
-        for rows in range(1, 9):
+        for rows in (*range(1, 9), 13, 20):  # past 8, blocks of 8 rows of x and the rest
             x = torch.randn(rows, w.cols, generator=g)
             got, ref = ops.woq_linear(x, codes, scale, zero, w.group, w.kind), x @ dense.T
             assert (got - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), (out_rows, rows)

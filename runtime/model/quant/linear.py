@@ -5,9 +5,10 @@ Weights are kept as codes: int8, int4 (two to a byte) or float8_e4m3 bits, with 
 scale and zero point per row and group of columns, w = (code - zero) * scale
 (`QuantWeight`). On CPUs:
 - weight-only schemes (W8A16, W4A16, FP8 weight-only): decode-sized batches go to Arbor's
-  `woq_linear` kernel (kernels/cpu_quant.cpp), which reads each weight once per call at 1 or
-  0.5 bytes a value; larger batches dequantize the weight (`woq_dequantize`) and run a dense
-  GEMM;
+  `woq_linear` kernel (kernels/cpu_quant.cpp), which reads each weight once per 8 rows of x
+  at 1 or 0.5 bytes a value; larger batches dequantize the weight (`woq_dequantize`) and run
+  a dense GEMM, except on a weight too large to dequantize every call (a quantized LM head),
+  which stays on the kernel up to 32 rows;
 - W8A8 (int8 activations per token): x is quantized per row and multiplied by `torch._int_mm`,
   the int32 sums scaled back by both scales;
 - FP8 with dynamic float8 activations: x is rounded to float8 per row, then as weight-only.
@@ -32,6 +33,10 @@ from arbor.runtime.model.quant.formats import FloatWeight, IntWeight, concat, de
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 INT8, INT4, FP8 = 0, 1, 2  # code kinds, as cpu_quant.cpp numbers them
 SMALL_BATCH = 8  # rows of x up to which woq_linear beats dequantize + dense GEMM (measured)
+# A weight this large (values; a quantized LM head) costs more to dequantize every call than to
+# read its codes once per 8 rows of x, up to LARGE_WEIGHT_BATCH rows (measured: the 50,257 x 384
+# head at 16 rows, int8 8 against 31 ms, int4 14 against 32 ms)
+LARGE_WEIGHT, LARGE_WEIGHT_BATCH = 1 << 23, 32
 
 
 @dataclass
@@ -122,7 +127,9 @@ class QuantLinear(nn.Module):
             from arbor.kernels.woq_matmul import woq_matmul_triton
 
             return woq_matmul_triton(x, w.codes, w.scale, w.zero, w.group, w.kind)
-        if self.ops is not None and x.shape[0] <= SMALL_BATCH:
+        rows = x.shape[0]
+        if self.ops is not None and (rows <= SMALL_BATCH or (rows <= LARGE_WEIGHT_BATCH and
+                                                           w.codes.shape[0] * w.cols >= LARGE_WEIGHT)):
             return self.ops.woq_linear(x, w.codes, w.scale, w.zero, w.group, w.kind)
         if self.ops is not None:
             return F.linear(x, self.ops.woq_dequantize(w.codes, w.scale, w.zero, w.cols, w.group, w.kind, x.dtype))
