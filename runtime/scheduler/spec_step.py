@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from arbor.runtime.config import ServerArgs
 from arbor.runtime.messages import ReqOut
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.runner import ModelRunner
@@ -25,7 +24,6 @@ class SpeculativeStep:
     """The Scheduler's decode step with guesses (it commits through the Scheduler's
     `_commit` and `_emit`, as a plain decode step does)."""
 
-    args: ServerArgs
     runner: ModelRunner
     kv: KVManager
     grammar: GrammarBackend | None
