@@ -51,20 +51,18 @@ KV_TOKENS = 32_768  # every engine the same pool: 64 requests x 256 tokens fit, 
 class ArborSystem:
     """One Arbor Engine kept alive across the run, so its cells interleave with the others'."""
 
-    def __init__(self, path: Path, extra: dict[str, Any], out_len: int) -> None:
+    def __init__(self, stack: contextlib.ExitStack, path: Path, extra: dict[str, Any], out_len: int) -> None:
         from arbor import Engine
 
         self.params = {"max_new_tokens": out_len, "temperature": 0, "ignore_eos": True}
-        self.engine = Engine(str(path), max_running_requests=max(BATCHES), max_total_tokens=KV_TOKENS, **extra)
+        self.engine = stack.enter_context(Engine(str(path), max_running_requests=max(BATCHES),
+                                                 max_total_tokens=KV_TOKENS, **extra))
 
     def run(self, prompts: list[list[int]]) -> tuple[float, list[dict[str, Any]]]:
         self.engine.flush_cache()
         t0 = time.perf_counter()
         outs = self.engine.generate(input_ids=prompts, sampling_params=self.params, progress=False)
         return time.perf_counter() - t0, outs
-
-    def close(self) -> None:
-        self.engine.shutdown()
 
 
 class LlamaSystem:
@@ -89,9 +87,6 @@ class LlamaSystem:
         import peers
 
         return asyncio.run(peers.run_all(self.system, [(p, self.out_len) for p in prompts])), None
-
-    def close(self) -> None:
-        """The ExitStack stops the server."""
 
 
 def _groups(prompts: list[list[int]], b: int) -> list[list[list[int]]]:
@@ -153,8 +148,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         systems: dict[str, Any] = {}
         for name, extra in modes(draft, make_eval_models.token_map(draft)).items():
-            systems[name] = ArborSystem(path, extra, args.out_len)
-            stack.callback(systems[name].close)
+            systems[name] = ArborSystem(stack, path, extra, args.out_len)
         for name, with_draft in (("llama-server", False), ("llama-server -md", True)) if peer_ready else ():
             systems[name] = LlamaSystem(stack, with_draft, args.out_len)
         result["modes"] = measure(systems, prompts, args.out_len, args.repeats)

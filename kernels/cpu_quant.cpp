@@ -9,8 +9,8 @@
 // converted 16 codes at a time and multiplied into up to 8 rows of x at once, several weight
 // rows together, the group's scale and zero point applied once to the sums
 // (sum (c - z) x s = s (sum c x - z sum x)), so the weight is read once per 8 rows of x, at 1
-// or 0.5 bytes a value. woq_dequantize writes the whole
-// weight, for prefill-sized batches that a dense GEMM serves better.
+// or 0.5 bytes a value. woq_dequantize writes the whole weight, for prefill-sized batches that
+// a dense GEMM serves better.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -5,8 +5,8 @@ few thousand tokens (on the evaluation pair, the 8,192 commonest training tokens
 of held-out text), so the head computes just those rows and gives every other token -inf.
 Guesses only propose; the target verifies every one, so outputs are unchanged and only
 acceptance can drop. A greedy pick reads the hot logits directly; only a grammar's mask needs
-them spread over the whole vocabulary. The token map is SGLang's `--speculative-token-map` format: a torch
-file holding a 1-D tensor of token ids.
+them spread over the whole vocabulary. The token map is SGLang's `--speculative-token-map`
+format: a torch file holding a 1-D tensor of token ids.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ class LogitsOutput:
 
     next_token_logits: torch.Tensor
     all_logits: torch.Tensor | None = None
-    columns: torch.Tensor | None = None  # a hot head's token id per column (None: the whole vocabulary)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -61,15 +60,15 @@ class ModelRunner:
 
     def __init__(self, args: ServerArgs, model_path: str, hot_tokens: torch.Tensor | None = None,
                  tp: TensorParallel = SINGLE, num_slots: int | None = None) -> None:
-        """`hot_tokens`: compute logits for these token ids only (a draft's HotHead; the
-        outputs' `columns` name them). Under
-        tensor parallelism, `tp` is this rank and `num_slots` the KV capacity rank 0 chose."""
+        """`hot_tokens`: compute logits for these token ids only (a draft's HotHead;
+        `columns` then names each logits column's token). Under tensor parallelism, `tp` is
+        this rank and `num_slots` the KV capacity rank 0 chose."""
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.tp = tp
         self.mirror: Callable[[ForwardBatch], None] | None = None  # rank 0: sends each batch to the other ranks
         self.model, self.config = load_model(model_path, self.dtype, self.device, tp)
-        self.columns = None
+        self.columns: torch.Tensor | None = None  # None: logits cover the whole vocabulary
         if hot_tokens is not None:
             self.columns = use_hot_head(self.model, hot_tokens)
         cfg = self.config
@@ -120,8 +119,8 @@ class ModelRunner:
         last = (batch.qo_indptr[1:] - 1).to(torch.int64)
         if batch.return_all_logits:
             all_logits = self.model.logits(hidden)
-            return LogitsOutput(all_logits[last], all_logits, self.columns)
-        return LogitsOutput(self.model.logits(hidden[last]), columns=self.columns)
+            return LogitsOutput(all_logits[last], all_logits)
+        return LogitsOutput(self.model.logits(hidden[last]))
 
 
 def _free_memory_bytes(device: torch.device) -> int:

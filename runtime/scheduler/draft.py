@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from arbor.kernels.cpu_ops import argmax_cpu
 from arbor.radix.cache import RadixCache
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.hot_head import full_vocab, load_token_map
-from arbor.runtime.model.runner import LogitsOutput, ModelRunner
+from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.scheduler.grammar import GrammarBackend
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.req import Req
@@ -116,7 +118,7 @@ class DraftProposer:
         inputs = [s.fill_ids()[s.kv_len :].tolist() for s in shadows]
         fb = ForwardBatch.build(ForwardMode.EXTEND, inputs, [s.kv_len for s in shadows], [s.row for s in shadows],
                                 loc, self.runner.req_to_token.table)
-        picks = self._picks(self.runner.forward(fb), reqs, grammar, ahead)
+        picks = self._picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
         for s, e in zip(shadows, ends):
             s.kv_len = e
             self.kv.cache_prefix(s)  # later requests with this prompt hit the draft's tree too
@@ -135,17 +137,17 @@ class DraftProposer:
             return None
         fb = ForwardBatch.build(ForwardMode.DECODE, [[a[-1]] for a in ahead], starts, [s.row for s in shadows], loc,
                                 self.runner.req_to_token.table)
-        return self._picks(self.runner.forward(fb), reqs, grammar, ahead)
+        return self._picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
 
-    def _picks(self, out: LogitsOutput, reqs: list[Req], grammar: GrammarBackend | None, ahead: list[list[int]]
-               ) -> list[int]:
+    def _picks(self, logits: torch.Tensor, reqs: list[Req], grammar: GrammarBackend | None,
+               ahead: list[list[int]]) -> list[int]:
         """The draft's argmax per row, masked for constrained requests by the grammar state
-        after their output and their guesses so far."""
-        logits = out.next_token_logits
+        after their output and their guesses so far (a hot head's columns are spread over the
+        vocabulary for the masks only)."""
+        columns = self.runner.columns
         if grammar is not None and any(r.matcher is not None for r in reqs):
-            if out.columns is not None:
-                logits = full_vocab(logits, out.columns, self.runner.config.vocab_size)
+            if columns is not None:
+                logits, columns = full_vocab(logits, columns, self.runner.config.vocab_size), None
             grammar.apply_masks(reqs, logits, ahead)
-        elif out.columns is not None:
-            return out.columns[argmax_cpu(logits)].tolist()
-        return argmax_cpu(logits).tolist()
+        picks = argmax_cpu(logits)
+        return (picks if columns is None else columns[picks]).tolist()

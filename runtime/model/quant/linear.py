@@ -89,6 +89,7 @@ class QuantLinear(nn.Module):
         self.staged: dict[int, dict[str, torch.Tensor]] = {}
         self.weight: QuantWeight | None = None
         self.ops = None
+        self.kernel_rows = SMALL_BATCH  # rows of x up to which woq_linear serves (set by `build`)
 
     def stage(self, row: int, key: str, tensor: torch.Tensor) -> None:
         self.staged.setdefault(row, {})[key] = tensor
@@ -102,6 +103,8 @@ class QuantLinear(nn.Module):
                                                     f"{where}[{lo}:]") for lo, rows in self.parts]))
         self.staged.clear()
         self.ops = cpu_ops.load() if self.weight.codes.device.type == "cpu" else None
+        if self.weight.codes.shape[0] * self.weight.cols >= LARGE_WEIGHT:
+            self.kernel_rows = LARGE_WEIGHT_BATCH
 
     def weight_bytes(self) -> int:
         return self.weight.nbytes()
@@ -127,9 +130,7 @@ class QuantLinear(nn.Module):
             from arbor.kernels.woq_matmul import woq_matmul_triton
 
             return woq_matmul_triton(x, w.codes, w.scale, w.zero, w.group, w.kind)
-        rows = x.shape[0]
-        if self.ops is not None and (rows <= SMALL_BATCH or (rows <= LARGE_WEIGHT_BATCH and
-                                                           w.codes.shape[0] * w.cols >= LARGE_WEIGHT)):
+        if self.ops is not None and x.shape[0] <= self.kernel_rows:
             return self.ops.woq_linear(x, w.codes, w.scale, w.zero, w.group, w.kind)
         if self.ops is not None:
             return F.linear(x, self.ops.woq_dequantize(w.codes, w.scale, w.zero, w.cols, w.group, w.kind, x.dtype))
