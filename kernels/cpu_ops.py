@@ -22,7 +22,7 @@ import torch
 from arbor.kernels.reference import rmsnorm_ref, rotary_ref, silu_and_mul_ref
 
 logger = logging.getLogger(__name__)
-SOURCES = [Path(__file__).with_name("cpu_ops.cpp"), Path(__file__).with_name("cpu_quant.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ops.cpp", "cpu_quant.cpp", "cpu_woq_bf16.cpp")]
 FLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for runs on torch's own libgomp
 _ops: Any = False  # False: not tried yet; None: unavailable
 

@@ -26,6 +26,12 @@
 #include <immintrin.h>
 #endif
 
+namespace arbor_woq {  // cpu_woq_bf16.cpp: bfloat16 x times int4 / int8 codes with AVX512-BF16
+bool has_bf16_path(const at::Tensor& x, int64_t kind, int64_t group);
+at::Tensor linear_bf16(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& zero,
+                       int64_t group, int64_t kind);
+}  // namespace arbor_woq
+
 namespace {
 
 enum Kind : int64_t { kInt8 = 0, kInt4 = 1, kFp8 = 2 };
@@ -222,6 +228,7 @@ at::Tensor woq_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor
   TORCH_CHECK(x.dim() == 2, "woq_linear: x must be [M, K]");
   const int64_t m = x.size(0), cols = x.size(1), rows = q.size(0);
   check(q, scale, zero, cols, group, kind);
+  if (arbor_woq::has_bf16_path(x, kind, group)) return arbor_woq::linear_bf16(x, q, scale, zero, group, kind);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   at::Tensor out = at::empty({m, rows}, x.options().dtype(at::kFloat));
   const float* xd = xf.data_ptr<float>();

@@ -105,24 +105,29 @@ def test_kernels_match_their_references(name: str, dtype: str) -> None:
             assert (ours - ref).abs().max().item() <= (1e-5 if dtype == "float32" else 0.02) * scale, layer_name
 
 
-@pytest.mark.parametrize("name", ["w8a16", "w4a16-asym", "fp8"])
-def test_woq_linear_covers_every_row_block(name: str) -> None:
+@pytest.mark.parametrize("name", ["w8a16", "w4a16-asym", "fp8", "gptq8"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_woq_linear_covers_every_row_block(name: str, dtype: str) -> None:
     """The CPU kernel works through blocks of 8, 4 or 2 weight rows (by the rows of x), then
     single rows: weights of 1, 3, 13 and 21 rows leave every remainder, at 1 to 8 rows of x and
-    at 13 and 20 (a large weight's batches), against the dequantized weight, fp32 within 1e-5
-    relative."""
+    at 13 and 20 (a large weight's batches), against the dequantized weight. fp32 within 1e-5
+    relative. bf16 x (int4 and int8 codes multiplied as bfloat16 pairs, where the CPU has
+    AVX512-BF16; products exact, so only the sums' order and the output's rounding differ)
+    within 2^-8 relative."""
     ops = cpu_ops.load()
     if ops is None:
         pytest.skip("Arbor's CPU kernels do not build here")
     w = next(m for m in _runner(name).model.modules() if isinstance(m, QuantLinear)).weight
     g = torch.Generator().manual_seed(0)
+    bound = 1e-5 if dtype == "float32" else 2**-8
     for out_rows in (1, 3, 13, 21):
         codes, scale, zero = (t[:out_rows].contiguous() for t in (w.codes, w.scale, w.zero))
         dense = woq_dequantize_ref(codes, scale, zero, w.cols, w.group, w.kind)
         for rows in (*range(1, 9), 13, 20):  # past 8, blocks of 8 rows of x and the rest
-            x = torch.randn(rows, w.cols, generator=g)
-            got, ref = ops.woq_linear(x, codes, scale, zero, w.group, w.kind), x @ dense.T
-            assert (got - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), (out_rows, rows)
+            x = torch.randn(rows, w.cols, generator=g).to(getattr(torch, dtype))
+            got, ref = ops.woq_linear(x, codes, scale, zero, w.group, w.kind), x.float() @ dense.T
+            assert got.dtype == x.dtype
+            assert (got.float() - ref).abs().max().item() <= bound * ref.abs().max().item(), (out_rows, rows)
 
 
 @pytest.mark.parametrize("name", WEIGHT_ONLY + WITH_ACTIVATIONS)
