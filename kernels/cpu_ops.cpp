@@ -447,6 +447,35 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   return out;
 }
 
+// ------------------------------------------------------------------ KV store
+
+// k_pool[slots[t]] = k[t] and v_pool[slots[t]] = v[t]: pools [S, Hkv, D] of k's dtype, k and v
+// [T, Hkv, D] with each token's Hkv x D values contiguous (views into the fused qkv output).
+void store_kv(const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& slots, const at::Tensor& k,
+              const at::Tensor& v) {
+  TORCH_CHECK(k_pool.is_contiguous() && v_pool.is_contiguous(), "store_kv: the pools must be contiguous");
+  TORCH_CHECK(k.scalar_type() == k_pool.scalar_type() && v.scalar_type() == v_pool.scalar_type(),
+              "store_kv: k/v must have the pool's dtype");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == k.size(0),
+              "store_kv: slots must be contiguous int64, one per token");
+  const int64_t row = k_pool.size(1) * k_pool.size(2), bytes = row * k_pool.element_size();
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->dim() == 3 && t->size(1) * t->size(2) == row && t->stride(2) == 1 && t->stride(1) == t->size(2),
+                "store_kv: each token's k/v must be one contiguous [Hkv, D] row");
+  }
+  const int64_t* sd = slots.data_ptr<int64_t>();
+  auto* kp = static_cast<char*>(k_pool.data_ptr());
+  auto* vp = static_cast<char*>(v_pool.data_ptr());
+  const auto* kd = static_cast<const char*>(k.data_ptr());
+  const auto* vd = static_cast<const char*>(v.data_ptr());
+  const int64_t ks = k.stride(0) * k.element_size(), vs = v.stride(0) * v.element_size();
+  for (int64_t t = 0; t < slots.numel(); ++t) {
+    TORCH_CHECK(sd[t] >= 0 && sd[t] < k_pool.size(0), "store_kv: slot ", sd[t], " is outside the pool");
+    std::memcpy(kp + sd[t] * bytes, kd + t * ks, bytes);
+    std::memcpy(vp + sd[t] * bytes, vd + t * vs, bytes);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(arbor_cpu, m) {
@@ -456,4 +485,5 @@ TORCH_LIBRARY(arbor_cpu, m) {
   m.def("rotary", &rotary);
   m.def("silu_and_mul", &silu_and_mul);
   m.def("argmax_rows", &argmax_rows);
+  m.def("store_kv", &store_kv);
 }

@@ -1,5 +1,5 @@
 """Arbor's CPU kernels (`cpu_ops.cpp`): paged attention that reads the KV pool in place,
-fused RMSNorm / residual add, rotary embedding and SiLU-and-mul, and a row argmax; and
+fused RMSNorm / residual add, rotary embedding and SiLU-and-mul, a row argmax and the KV store; and
 weight-only quantized linears (`cpu_quant.cpp`, used by runtime/model/quant/linear.py).
 
 They are compiled once per machine at first use with torch's own extension builder (about
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from arbor.kernels.reference import rmsnorm_ref, rotary_ref, silu_and_mul_ref
+from arbor.kernels.reference import rmsnorm_ref, rotary_ref, silu_and_mul_ref, store_kv_ref
 
 logger = logging.getLogger(__name__)
 SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ops.cpp", "cpu_quant.cpp", "cpu_woq_bf16.cpp")]
@@ -89,6 +89,17 @@ def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
     if ops is None or x.dim() != 2 or x.stride(-1) != 1:
         return silu_and_mul_ref(x)
     return ops.silu_and_mul(x)
+
+
+def store_kv_cpu(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> None:
+    """k_pool[slots[i]] = k[i] (and v), one copy per token's row instead of two index_put ops."""
+    ops = load()
+    if ops is None or k.dtype != k_pool.dtype or v.dtype != v_pool.dtype or slots.dtype != torch.int64 or any(
+            t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] for t in (k, v)):
+        store_kv_ref(k_pool, v_pool, slots, k, v)
+        return
+    ops.store_kv(k_pool, v_pool, slots, k, v)
 
 
 def argmax_cpu(logits: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from arbor.kernels.cpu_ops import store_kv_cpu
 from arbor.kernels.reference import store_kv_ref
 
 
@@ -22,6 +23,7 @@ class KVPool:
         self.num_slots = num_slots
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._store = store_kv_cpu if torch.device(device).type == "cpu" else store_kv_ref
 
     @property
     def dtype(self) -> torch.dtype:
@@ -29,7 +31,7 @@ class KVPool:
 
     def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write new tokens' k/v [T, Hkv, D] into `slots` [T] of `layer`."""
-        store_kv_ref(self.k[layer], self.v[layer], slots, to_kv_dtype(k, self.dtype), to_kv_dtype(v, self.dtype))
+        self._store(self.k[layer], self.v[layer], slots, to_kv_dtype(k, self.dtype), to_kv_dtype(v, self.dtype))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arbor.kernels import cpu_ops
-from arbor.kernels.reference import rmsnorm_ref, rotary_ref, silu_and_mul_ref
+from arbor.kernels.reference import rmsnorm_ref, rotary_ref, silu_and_mul_ref, store_kv_ref
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -84,6 +84,24 @@ def test_argmax_equals_torch_max_indices(dtype: torch.dtype, width: int) -> None
     x[4, 0] = 1000
     assert torch.equal(cpu_ops.argmax_cpu(x), x.max(-1).indices)
     assert torch.equal(cpu_ops.argmax_cpu(x[:, :width]), x.max(-1).indices)
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float8_e4m3fn])
+def test_store_kv_writes_what_the_reference_writes(dtype: torch.dtype) -> None:
+    """k and v as the fused qkv output's strided views (each token's row contiguous), into
+    scattered slots, the rest of the pool untouched; a slot outside the pool is refused."""
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(5, 6 * 16, generator=gen).to(dtype)
+    k, v = qkv[:, 32:64].view(5, 2, 16), qkv[:, 64:].view(5, 2, 16)
+    slots = torch.tensor([9, 2, 30, 0, 17])
+    k_pool, v_pool = (torch.randn(31, 2, 16, generator=gen).to(dtype) for _ in range(2))
+    pools = [k_pool, v_pool, k_pool.clone(), v_pool.clone()]
+    cpu_ops.store_kv_cpu(pools[0], pools[1], slots, k, v)
+    store_kv_ref(pools[2], pools[3], slots, k, v)
+    assert torch.equal(pools[0].view(torch.uint8), pools[2].view(torch.uint8))
+    assert torch.equal(pools[1].view(torch.uint8), pools[3].view(torch.uint8))
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        cpu_ops.store_kv_cpu(pools[0], pools[1], torch.tensor([0, 1, 2, 3, 31]), k, v)
 
 
 def test_unbuildable_falls_back_to_the_references(monkeypatch: pytest.MonkeyPatch) -> None:

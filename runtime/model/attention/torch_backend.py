@@ -158,11 +158,10 @@ class TorchAttnBackend(AttentionBackend):
         k, v = as_stored(k, v, self.kv_pool.dtype)
         self.kv_pool.store(layer, batch.out_cache_loc, k, v)
         num_tokens, hq, dim = q.shape
-        k_pages = self.kv_pool.k[layer].unflatten(0, (-1, self.page_size))  # [pages, ps, Hkv, D]
-        v_pages = self.kv_pool.v[layer].unflatten(0, (-1, self.page_size))
-        prior = self._shared_part(q, k_pages, v_pages) if self.shared else None
+        prior = self._shared_part(q, *self._pages(layer)) if self.shared else None
         if self.kernel_all:
             return self._kernel_attend(q, layer, prior)[0].to(q.dtype).reshape(num_tokens, hq * dim)
+        k_pages, v_pages = self._pages(layer)
         out = torch.empty(num_tokens, hq, dim, dtype=torch.float32, device=q.device)  # float32 rows
         lse = torch.empty(num_tokens, hq, dtype=torch.float32, device=q.device)
         if self.kernel is not None:
@@ -197,6 +196,11 @@ class TorchAttnBackend(AttentionBackend):
         if self.exact_tokens is not None:
             final.index_copy_(0, self.exact_tokens, out.index_select(0, self.exact_tokens).to(q.dtype))
         return final.reshape(num_tokens, hq * dim)
+
+    def _pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K and V pools as pages [pages, page_size, Hkv, D]."""
+        return (self.kv_pool.k[layer].unflatten(0, (-1, self.page_size)),
+                self.kv_pool.v[layer].unflatten(0, (-1, self.page_size)))
 
     def _kernel_attend(self, q: torch.Tensor, layer: int, prior: tuple[torch.Tensor, torch.Tensor] | None
                        ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,6 +90,7 @@ class QuantLinear(nn.Module):
         self.weight: QuantWeight | None = None
         self.ops = None
         self.kernel_rows = SMALL_BATCH  # rows of x up to which woq_linear serves (set by `build`)
+        self.direct = False  # woq_linear takes x as it comes: no activation rounding, no act-order
 
     def stage(self, row: int, key: str, tensor: torch.Tensor) -> None:
         self.staged.setdefault(row, {})[key] = tensor
@@ -105,6 +106,7 @@ class QuantLinear(nn.Module):
         self.ops = cpu_ops.load() if self.weight.codes.device.type == "cpu" else None
         if self.weight.codes.shape[0] * self.weight.cols >= LARGE_WEIGHT:
             self.kernel_rows = LARGE_WEIGHT_BATCH
+        self.direct = self.ops is not None and self.scheme.activations is None and self.weight.perm is None
 
     def weight_bytes(self) -> int:
         return self.weight.nbytes()
@@ -112,13 +114,17 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         act = self.scheme.activations
-        if act == "int8" and flat.device.type == "cpu":
+        if self.direct and flat.shape[0] <= self.kernel_rows:  # decode: straight to the kernel
+            w = self.weight
+            y = self.ops.woq_linear(flat, w.codes, w.scale, w.zero, w.group, w.kind)
+        elif act == "int8" and flat.device.type == "cpu":
             y = self._int8_activations(flat)
         else:
             if act is not None:  # elsewhere: x rounded per token, then the weight-only GEMM
                 flat = fake_quantize_tokens(flat, act)
             y = self._weight_only(flat.contiguous())
-        y = y.reshape(*x.shape[:-1], self.out_features)
+        if x.dim() != 2:
+            y = y.reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
     def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
