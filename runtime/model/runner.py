@@ -13,7 +13,7 @@ import torch
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
 from arbor.runtime.model.attention import create_backend, resolve_backend
-from arbor.runtime.model.forward_batch import ForwardBatch
+from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.fused import use_cpu_kernels, use_triton_kernels
 from arbor.runtime.model.hot_head import use_hot_head
 from arbor.runtime.model.loader import load_model
@@ -116,6 +116,8 @@ class ModelRunner:
         batch.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch)
+        if batch.mode is ForwardMode.DECODE and not batch.return_all_logits:  # one row per request
+            return LogitsOutput(self.model.logits(hidden))
         last = (batch.qo_indptr[1:] - 1).to(torch.int64)
         if batch.return_all_logits:
             all_logits = self.model.logits(hidden)
