@@ -47,6 +47,7 @@ from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.grammar.worker import CompileDone, CompileJob, WorkerInit, read_frame, write_frame
 
 logger = logging.getLogger(__name__)
+WORKER_START_S = 60.0  # a compile worker's interpreter start and vocabulary load (not a job's limit)
 
 
 class GrammarError(ValueError):
@@ -109,12 +110,20 @@ class _Worker:
                            f"limit (worker exit {code}); simplify the constraint or raise --grammar-max-memory-mb")
 
     def _start(self) -> None:
+        """Start the process and wait until it has loaded the vocabulary, so that a job's time
+        limit covers the compile alone, not a busy machine's interpreter start-up."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "arbor.grammar.worker", str(self.memory_mb)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )
-        assert self.proc.stdin is not None
+        assert self.proc.stdin is not None and self.proc.stdout is not None
         write_frame(self.proc.stdin, self.init)
+        ready, _, _ = select.select([self.proc.stdout], [], [], WORKER_START_S)
+        if not ready:
+            self.kill()
+            raise GrammarError(f"the grammar compile worker did not start within {WORKER_START_S:g} s")
+        if read_frame(self.proc.stdout) is None:
+            self._died()
 
     def kill(self) -> None:
         if self.proc is not None:

@@ -1,8 +1,8 @@
 """The compile worker: a child process that compiles constraints under a memory cap.
 
 `python -m arbor.grammar.worker MEMORY_MB` reads length-prefixed msgpack frames on stdin: first
-a `WorkerInit` (the backend and its serialized vocabulary), then `CompileJob`s; it answers each
-with a `CompileDone` on stdout. The outlines backend builds an outlines-core Index (and the
+a `WorkerInit` (the backend and its serialized vocabulary), answered with an empty frame once
+the vocabulary is loaded, then `CompileJob`s; it answers each with a `CompileDone` on stdout. The outlines backend builds an outlines-core Index (and the
 budget distances); the xgrammar backend a CompiledGrammar in xgrammar's JSON form. A grammar
 that outgrows the cap kills only this process (the parent sees the pipe close and reports
 it), never the scheduler.
@@ -72,6 +72,7 @@ def main() -> None:
         return
     init = msgspec.msgpack.decode(frame, type=WorkerInit)
     compile_one = _xgrammar(init.vocab) if init.backend == "xgrammar" else _outlines(init.vocab)
+    write_frame(stdout, b"")  # ready: a job's time limit counts from here
     decode = msgspec.msgpack.Decoder(CompileJob).decode
     encode = msgspec.msgpack.Encoder().encode
     while (frame := read_frame(stdin)) is not None:
