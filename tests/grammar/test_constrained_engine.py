@@ -30,7 +30,10 @@ def engine(request, tiny_model, tiny_root):
         path = tiny_root / "llama-sentencepiece"
         if not (path / "config.json").exists():
             make_tiny_model(path, TinySpec(seed=7, sentencepiece_model=str(LLAMA2 / "tokenizer.model")))
-    with Engine(str(path), max_running_requests=128, max_total_tokens=120_000, grammar_compile_timeout_s=60) as e:
+    # Wall-clock guards loosened: this test checks the outputs, and a shared machine can stall the
+    # scheduler past 50 ms in one step (the mask guard has its own tests).
+    with Engine(str(path), max_running_requests=128, max_total_tokens=120_000, grammar_compile_timeout_s=60,
+                grammar_max_mask_ms=1000) as e:
         yield e
 
 
