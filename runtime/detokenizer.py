@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
+from arbor.grammar.linear_regex import compile_linear
 from arbor.runtime.ipc import Puller, Pusher
 from arbor.runtime.messages import (
     AbortReq,
@@ -41,6 +40,7 @@ class _Stream:
     text: str = ""  # decoded so far
     sent: int = 0  # characters of `text` already sent
     scanned: int = 0  # characters of `text` already searched for stop strings
+    regexes: list[Any] = field(default_factory=list)  # the stop regexes, compiled by RE2 once per request
 
 
 class IncrementalDetokenizer:
@@ -48,7 +48,9 @@ class IncrementalDetokenizer:
 
     Text is decoded over a short window of recent ids, so a multi-byte character split
     across tokens is only emitted once complete. A request's stop strings and regexes end it
-    at their first match (the match is cut unless `no_stop_trim`).
+    at their first match (the match is cut unless `no_stop_trim`). Each step searches only
+    the new text and the tail before it that a match could still start in, with RE2, so a
+    step's stop search takes time linear in that window, never in the whole output.
     """
 
     def __init__(self, tokenizer: Any) -> None:
@@ -64,8 +66,8 @@ class IncrementalDetokenizer:
                 if out.finish_reason is not None:
                     self.ended.discard(out.rid)
                 continue
-            s = self.streams.setdefault(out.rid, _Stream())
             opts = out.output
+            s = self.streams.get(out.rid) or self._open(out.rid, opts)
             new_ids = unpack_ids(out.new_ids).tolist()
             s.ids += new_ids
             reason = out.finish_reason
@@ -92,6 +94,11 @@ class IncrementalDetokenizer:
                 del self.streams[out.rid]
         return texts, stopped
 
+    def _open(self, rid: str, opts: OutputOptions) -> _Stream:
+        # The front door validated the patterns with the same compile_linear: this cannot raise.
+        s = self.streams[rid] = _Stream(regexes=[compile_linear(p, "stop_regex") for p in opts.stop_regex])
+        return s
+
     def _decode(self, s: _Stream, opts: OutputOptions, reason: FinishReason | None) -> None:
         def decode(ids: list[int]) -> str:
             return self.tokenizer.decode(ids, skip_special_tokens=opts.skip_special_tokens,
@@ -111,24 +118,25 @@ class IncrementalDetokenizer:
 
 
 def _find_stop(s: _Stream, opts: OutputOptions) -> tuple[int, int, str] | None:
-    """The first stop string or regex match in the text not yet scanned (overlapping the
-    scanned tail by the longest stop string or regex match): (start, end, matched text)."""
+    """The first stop string or regex match starting in the window: the text not yet scanned
+    and the scanned tail before it, as long as the longest stop string or regex match
+    (stop_regex_max_len, capped): (start, end, matched text)."""
     if not opts.scans_text:
         return None
     back = max([len(x) for x in opts.stop] + [opts.stop_regex_max_len])
     start = max(0, s.scanned - back)
     s.scanned = len(s.text)
     hits = [(i, i + len(x), x) for x in opts.stop if (i := s.text.find(x, start)) >= 0]
-    for pattern in opts.stop_regex:
-        m = _compiled(pattern).search(s.text, start)
-        if m is not None:
-            hits.append((m.start(), m.end(), m.group(0)))
+    if s.regexes:
+        # One character before the window keeps ^, \b and (?m)^ as they are on the whole text;
+        # RE2 converts the text it gets to UTF-8, so it gets the window, not the output.
+        context = max(0, start - 1)
+        window = s.text[context:]
+        for regex in s.regexes:
+            m = regex.search(window, start - context)
+            if m is not None:
+                hits.append((context + m.start(), context + m.end(), m.group(0)))
     return min(hits) if hits else None
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
 
 
 def run_detokenizer(tokenizer_path: str, endpoints: dict[str, str]) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import zmq.asyncio
 
 from arbor.grammar.constraint import backend_for, check_output, constraint_from_params, post_checked
+from arbor.grammar.linear_regex import compile_linear
 from arbor.grammar.reasoning_gate import THINK_END, THINK_START
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.ipc import AsyncPuller, AsyncPusher
@@ -476,18 +477,20 @@ def _stop_strings(stop: Any, name: str) -> list[str]:
 
 
 def _stop_regexes(stop_regex: Any) -> list[str]:
+    """The stop regexes, each one RE2 runs (the detokenizer searches with RE2, in linear time)."""
     patterns = _stop_strings(stop_regex, "stop_regex")
     for p in patterns:
-        try:
-            re.compile(p)
-        except re.error as e:
-            raise ValueError(f"stop_regex {p!r} is not a valid regular expression: {e}") from None
+        compile_linear(p, "stop_regex")
     return patterns
 
 
 def _match_width(pattern: str) -> int:
-    """The longest text `pattern` can match, capped at MAX_STOP_REGEX_WIDTH (unbounded repeats)."""
-    return min(sre_parse.parse(pattern).getwidth()[1], MAX_STOP_REGEX_WIDTH)
+    """The longest text `pattern` can match, capped at MAX_STOP_REGEX_WIDTH (unbounded repeats,
+    or RE2 syntax Python's parser does not know)."""
+    try:
+        return min(sre_parse.parse(pattern).getwidth()[1], MAX_STOP_REGEX_WIDTH)
+    except (re.error, RecursionError, OverflowError):
+        return MAX_STOP_REGEX_WIDTH
 
 
 def _bounded_int(value: Any, name: str, default: int, low: int, high: int) -> int:

@@ -4,6 +4,7 @@ SentencePiece (byte fallback)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,35 @@ def test_special_tokens_are_kept_only_when_asked_and_a_stop_token_is_trimmed(tin
     untrimmed, _ = stream(IncrementalDetokenizer(tokenizer), ids, [], FinishStop(matched=eos),
                           skip_special_tokens=False, no_stop_trim=True)
     assert "".join(untrimmed) == "a<|endoftext|> b<|endoftext|>"
+
+
+@pytest.mark.parametrize("pattern", [r"(a|aa)+b$", r"(a+)+b", r"(a*)*$x"])
+def test_a_catastrophic_stop_regex_on_a_long_forced_output_stays_linear(tiny_model, pattern):
+    # On a backtracking engine each of these takes exponential time on a run of "a"s.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model("llama"))
+    a = tokenizer.encode("a", add_special_tokens=False)
+    output = OutputOptions(stop_regex=[pattern], stop_regex_max_len=256)
+    detok = IncrementalDetokenizer(tokenizer)
+    started = time.perf_counter()
+    for i in range(4000):
+        outs, stopped = detok.feed([ReqOut(rid="r", new_ids=pack_ids(a), output=output,
+                                           finish_reason=FinishLength(length=i + 1) if i == 3999 else None)])
+        assert not stopped
+    assert time.perf_counter() - started < 2.0
+    assert outs[0].finish_reason == FinishLength(length=4000)
+
+
+def test_the_stop_regex_window_keeps_anchors_and_word_boundaries_of_the_whole_text(tiny_model):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model("llama"))
+
+    def stops(pattern: str, steps: list[str]) -> bool:
+        # Width 0: each step's window starts exactly at its new text, one character after the old.
+        output = OutputOptions(stop_regex=[pattern], stop_regex_max_len=0)
+        detok = IncrementalDetokenizer(tokenizer)
+        for piece in steps:
+            _, stopped = detok.feed([ReqOut(rid="r", new_ids=pack_ids(tokenizer.encode(piece)), output=output)])
+        return bool(stopped)
+
+    assert stops(r"\bcat", ["the ", "cat"]) and not stops(r"\bcat", ["con", "cat"])
+    assert stops(r"^cat", ["cat"]) and not stops(r"^cat", ["a", "cat"])
+    assert stops(r"(?m)^cat", ["a\n", "cat"])
