@@ -72,6 +72,11 @@ class ServerArgs:
     random_seed: int = _opt(0, "Seed for requests that give no seed of their own.")
     host: str = _opt("127.0.0.1", "HTTP server address; the default serves this machine only.")
     port: int = _opt(30000, "HTTP server port.")
+    metrics_port: int | None = _opt(
+        None, "Also serve /metrics (the whole server's Prometheus metrics) on this port of 127.0.0.1, without "
+        "a key, for a scraper on this machine; on --port, /metrics needs the admin key. With --dp-size N, "
+        "worker i serves it on this port + i."
+    )
     api_key: str | None = _opt(
         None, "If set, every route but /health needs `Authorization: Bearer KEY`; the key also "
         "salts the radix cache, so different keys never share cached prefixes. A flag is visible "
@@ -107,6 +112,9 @@ class ServerArgs:
     header_timeout_s: float = _opt(10.0, "Longest a client may take to send a request's headers; then the "
                                          "connection is closed.")
     body_timeout_s: float = _opt(30.0, "Longest wait for the next piece of a request body (408 after it).")
+    body_deadline_s: float = _opt(
+        60.0, "Longest a request body may take in all, however steadily it trickles in (408 after it)."
+    )
     keep_alive_timeout_s: int = _opt(5, "Idle keep-alive connections close after this many seconds.")
     grammar_backend: str = _opt(
         "outlines", "What compiles constraints and writes their masks: outlines (Arbor's JSON-schema->regex on "
@@ -204,6 +212,24 @@ class ServerArgs:
         8998, "With --disaggregation-mode prefill: the TCP port (on --host) where decode workers ask for KV; "
         "give the router the same port (--prefill URL PORT)."
     )
+    disaggregation_secret_file: str | None = _opt(
+        None, "File whose first line is the PD secret shared by sglang-router (its --api-key) and every "
+        "prefill and decode worker (or ARBOR_PD_SECRET in the environment; never a flag). Required with "
+        "--disaggregation-mode: only a caller presenting it may set bootstrap fields, and it signs every "
+        "bootstrap message."
+    )
+    disaggregation_prefill_peers: str | None = _opt(
+        None, "With --disaggregation-mode decode: comma-separated HOST:PORT bootstrap addresses of the prefill "
+        "workers this worker may pull KV from; empty = any that the authenticated router names."
+    )
+    disaggregation_allowed_peers: str | None = _opt(
+        None, "Comma-separated client addresses (IPs) that may set bootstrap fields without presenting the "
+        "PD secret, e.g. the router's host in a private network; empty = none."
+    )
+    disaggregation_ib_device: str | None = _opt(
+        None, "The network device the KV transfer (UCX) uses, e.g. mlx5_0:1 or eth1; empty = the interface "
+        "--host names (lo for 127.0.0.1), so the transfer never listens beyond the HTTP server's reach."
+    )
     disaggregation_timeout_s: float = _opt(
         30.0, "Longest a disaggregated request waits for its partner: the decode worker for the KV, the "
         "prefill worker for the decode worker's pull; then it ends with an error on that side."
@@ -227,8 +253,11 @@ class ServerArgs:
             raise ValueError("chunked_prefill_size must be >= 0 and max_prefill_tokens >= 1")
         if min(self.max_n, self.max_batch_prompts, self.max_concurrent_requests, self.max_body_bytes) < 1:
             raise ValueError("max_n, max_batch_prompts, max_concurrent_requests and max_body_bytes must be >= 1")
-        if self.max_connections < 1 or min(self.header_timeout_s, self.body_timeout_s, self.keep_alive_timeout_s) <= 0:
+        if self.max_connections < 1 or min(self.header_timeout_s, self.body_timeout_s, self.body_deadline_s,
+                                           self.keep_alive_timeout_s) <= 0:
             raise ValueError("max_connections must be >= 1 and the connection timeouts > 0")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise ValueError(f"metrics_port must be a TCP port (1-65535), got {self.metrics_port}")
         if self.grammar_max_mask_ms <= 0:
             raise ValueError(f"grammar_max_mask_ms must be > 0, got {self.grammar_max_mask_ms}")
         if self.grammar_max_pending < 1:

@@ -1,34 +1,44 @@
 """The decode worker's side: give an incoming request KV slots for the prompt positions its
-own radix cache lacks, ask the prefill worker to write them, and start decoding once they
-are there."""
+own radix cache lacks, ask the prefill worker to write them into a staging buffer registered
+for that room alone, and start decoding once they are there (copied into the pool).
+
+Trust: the bootstrap fields were checked at the front door (only the router, holding the PD
+secret, may set them; only configured prefill peers). Here every reply must be signed with the
+secret, and "KV done" counts only as the NIXL notification from the agent that wrote it,
+carrying the nonce of this room's pull.
+"""
 
 from __future__ import annotations
 
+import hmac
 import logging
+import os
 import time
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 
-import msgspec
-import numpy as np
+import torch
 import zmq
 
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.disaggregation.protocol import (
+    BootstrapCodec,
     KVCancel,
     KVCancelled,
     KVDone,
-    KVFailed,
     KVPull,
-    ToDecode,
 )
-from arbor.runtime.disaggregation.transfer import make_transfer
+from arbor.runtime.disaggregation.secret import MAC_BYTES, MAX_FRAME_BYTES
+from arbor.runtime.disaggregation.transfer import Staging, make_transfer
 from arbor.runtime.memory import KVPool
 from arbor.runtime.messages import FinishAbort
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
+MAX_PEER_SOCKETS = 64  # prefill peers with an open socket; the least recently used one closes beyond
+MESSAGES_PER_STEP = 256  # replies and notifications read in one step, at most
 
 
 @dataclass(eq=False)
@@ -37,23 +47,27 @@ class _Pulled:
     deadline: float
     since: float  # when the pull went out
     nbytes: int  # KV bytes it asked for
-    ended: bool = False  # the request ended (timeout, abort): its slots wait until nothing can write them
+    staging: Staging
+    nonce: bytes
+    peer: tuple[str, int]
+    ended: bool = False  # the request ended (timeout, abort): its staging waits until nothing can write it
 
 
 class DecodeReceiver:
     """Requests waiting for slots (`queue`) and for their KV (`pulled`, by room)."""
 
-    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float]) -> None:
-        self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "decode")
+    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float],
+                 secret: str) -> None:
+        self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "decode", args.host,
+                                      args.disaggregation_ib_device)
         self.kv = kv
+        self.codec = BootstrapCodec(secret)
         self.ctx = zmq.Context()
         self.timeout = args.disaggregation_timeout_s
         self.counters = counters
         self.queue: list[tuple[Req, float]] = []  # (request, when it came)
         self.pulled: dict[int, _Pulled] = {}
-        self.socks: dict[tuple[str, int], zmq.Socket] = {}
-        self._decoder = msgspec.msgpack.Decoder(ToDecode)
-        self._encoder = msgspec.msgpack.Encoder()
+        self.socks: OrderedDict[tuple[str, int], zmq.Socket] = OrderedDict()  # LRU, MAX_PEER_SOCKETS at most
         self.sockets: list[zmq.Socket] = []  # replies are read each step while a pull is out
 
     @property
@@ -90,8 +104,9 @@ class DecodeReceiver:
         return ended + failed, arrived
 
     def pull(self, capacity: int) -> list[Req]:
-        """Give queued requests slots and ask their prefill workers for the KV, at most
-        `capacity` of them. Returns the requests that waited over the timeout for slots (ended)."""
+        """Give queued requests slots and a staging buffer, and ask their prefill workers for
+        the KV, at most `capacity` of them. Returns the requests that waited over the timeout
+        for slots (ended)."""
         ended, now = [], time.monotonic()
         while self.queue and capacity > 0:
             req, _ = self.queue[0]
@@ -105,74 +120,104 @@ class DecodeReceiver:
             req.admitted = True
             self.counters["prompt_tokens"] += len(req.origin_ids)
             self.counters["cached_tokens"] += req.cached_tokens
-            skip, end = req.kv_len, req.seq_len
-            fill = req.fill_ids()[:end]
-            self._send(req, KVPull(room=req.bootstrap.room, layout=self.transfer.layout, skip=skip, kv_len=end,
-                                   tokens_crc=zlib.crc32(fill.tobytes()),
-                                   dst_slots=self.kv.slots(req, skip, end).astype(np.int32).tobytes()))
-            layout = self.transfer.layout
-            nbytes = (end - skip) * layout.slot_bytes * 2 * len(layout.k_ptrs)
-            self.pulled[req.bootstrap.room] = _Pulled(req, now + self.timeout, now, nbytes)
+            self._pull(req, now)
         for req, since in [q for q in self.queue if now - q[1] > self.timeout]:
             self.queue.remove((req, since))
             ended.append(_abort(req, f"no KV slots came free on this decode worker within {self.timeout:g} s", 503))
         return ended
 
+    def _pull(self, req: Req, now: float) -> None:
+        boot = req.bootstrap
+        assert boot is not None
+        skip, end = req.kv_len, req.seq_len
+        staging = self.transfer.stage(end - skip)
+        nonce = os.urandom(16)
+        fill = req.fill_ids()[:end]
+        peer = (boot.host, boot.port)
+        self._send(peer, KVPull(room=boot.room, layout=staging.layout, skip=skip, kv_len=end,
+                                tokens_crc=zlib.crc32(fill.tobytes()), nonce=nonce))
+        nbytes = (end - skip) * staging.layout.slot_bytes * 2 * len(staging.layout.k_ptrs)
+        self.pulled[boot.room] = _Pulled(req, now + self.timeout, now, nbytes, staging, nonce, peer)
+
     def poll(self) -> tuple[list[tuple[Req, KVDone]], list[Req]]:
         """Handle notifications and replies. Returns the requests whose KV is here (with the
         prefill worker's KVDone: the first token; their prompt is in the radix cache now) and those that
-        ended (KV failed or timed out); an ended request's slots are freed once nothing can
-        still write them."""
+        ended (KV failed or timed out); an ended request's staging buffer is dropped once
+        nothing can still write it."""
         arrived: list[tuple[Req, KVDone]] = []
         ended: list[Req] = []
-        for raw in self.transfer.notifications():
-            self._on(self._decode(raw), arrived, ended)
-        for sock in self.socks.values():
-            while True:
+        for agent, raw in self.transfer.notifications()[:MESSAGES_PER_STEP]:
+            self._on_done(agent, raw, arrived, ended)
+        for peer, sock in list(self.socks.items()):
+            for _ in range(MESSAGES_PER_STEP):
                 try:
-                    raw = sock.recv(zmq.NOBLOCK)
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                self._on(self._decode(raw), arrived, ended)
+                self._on_reply(peer, frames, ended)
         now = time.monotonic()
         for room, p in list(self.pulled.items()):
             if now <= p.deadline:
                 continue
             if p.ended:  # the prefill worker never answered the cancel: it is gone
-                self._free(room)
+                self._drop(room)
             else:
                 message = (f"the KV of room {room} did not arrive from the prefill worker "
-                           f"{p.req.bootstrap.host}:{p.req.bootstrap.port} within {self.timeout:g} s")
+                           f"{p.peer[0]}:{p.peer[1]} within {self.timeout:g} s")
                 ended.append(self._end(room, message, 504))
         return arrived, ended
 
-    def _on(self, msg: object, arrived: list[tuple[Req, KVDone]], ended: list[Req]) -> None:
-        p = self.pulled.get(getattr(msg, "room", -1))
-        if p is None:
+    def _on_reply(self, peer: tuple[str, int], frames: list[bytes], ended: list[Req]) -> None:
+        """A KVFailed or KVCancelled from `peer`, for a room pulled from that peer."""
+        msg = self.codec.to_decode(frames)
+        p = self.pulled.get(msg.room) if msg is not None else None
+        if p is None or p.peer != peer:
+            self._reject()
             return
-        room = p.req.bootstrap.room
+        room = msg.room
         if p.ended or isinstance(msg, KVCancelled):
-            self._free(room)
+            self._drop(room)
             return
-        if isinstance(msg, KVFailed):
-            self.counters["kv_transfer_failures"] += 1
-            self._free(room)
-            ended.append(_abort(p.req, f"the prefill worker could not send the KV: {msg.message}", 502))
+        self.counters["kv_transfer_failures"] += 1
+        self._drop(room)
+        self.kv.release(p.req)
+        ended.append(_abort(p.req, f"the prefill worker could not send the KV: {msg.message}", 502))
+
+    def _on_done(self, agent: str, raw: bytes, arrived: list[tuple[Req, KVDone]], ended: list[Req]) -> None:
+        """A transfer's notification: signed, from the agent it names, with its room's nonce."""
+        msg = self.codec.done(raw)
+        p = self.pulled.get(msg.room) if msg is not None else None
+        if p is None or msg.agent != agent or not hmac.compare_digest(msg.nonce, p.nonce):
+            self._reject()
             return
-        assert isinstance(msg, KVDone)
-        del self.pulled[room]
+        room = msg.room
+        if p.ended:
+            self._drop(room)
+            return
         req = p.req
         if msg.kv_len != req.seq_len:
+            self._drop(room)
             self.kv.release(req)
             ended.append(_abort(req, f"the prefill worker computed {msg.kv_len} positions, this worker "
                                      f"expected {req.seq_len}", 502))
             return
+        slots = torch.from_numpy(self.kv.slots(req, req.kv_len, req.seq_len).astype("int64"))
+        del self.pulled[room]
+        self.transfer.unstage(p.staging, slots)
         self.counters["kv_transfers"] += 1
         self.counters["kv_transfer_bytes"] += p.nbytes
         self.counters["kv_transfer_seconds"] += time.monotonic() - p.since
         req.kv_len = req.seq_len
         self.kv.cache_prefix(req)  # the prompt is now this worker's: later turns hit it here
         arrived.append((req, msg))
+
+    def _reject(self) -> None:
+        """Count a reply or notification that was forged, malformed or for no pull of its sender."""
+        if not self.counters["bootstrap_rejected"]:
+            logger.warning("dropped a KV reply or notification that was not signed with the PD secret, came "
+                           "from the wrong peer or named no pull of it (counted in arbor_bootstrap_rejected; "
+                           "further ones are not logged)")
+        self.counters["bootstrap_rejected"] += 1
 
     def abort(self, rid: str) -> list[Req]:
         """End the queued or pulled requests of `rid` now."""
@@ -186,38 +231,47 @@ class DecodeReceiver:
         return ended
 
     def _end(self, room: int, message: str, status: int) -> Req:
-        """End a pulled request now; keep its slots until the prefill worker confirms it will
-        not write them (or one more timeout passes)."""
+        """End a pulled request now and free its slots (the peer writes only into staging);
+        keep its staging buffer until the prefill worker confirms it will not write it (or one
+        more timeout passes)."""
         p = self.pulled[room]
         p.ended, p.deadline = True, time.monotonic() + self.timeout
-        self._send(p.req, KVCancel(room=room))
+        self.kv.release(p.req)
+        self._send(p.peer, KVCancel(room=room))
         return _abort(p.req, message, status)
 
-    def _free(self, room: int) -> None:
-        self.kv.release(self.pulled.pop(room).req)
+    def _drop(self, room: int) -> None:
+        """Forget a pull whose staging buffer nothing will write any more."""
+        self.transfer.unstage(self.pulled.pop(room).staging, None)
 
-    def _send(self, req: Req, msg: KVPull | KVCancel) -> None:
-        where = (req.bootstrap.host, req.bootstrap.port)
-        sock = self.socks.get(where)
+    def _send(self, peer: tuple[str, int], msg: KVPull | KVCancel) -> None:
+        sock = self.socks.get(peer)
         if sock is None:
-            sock = self.socks[where] = self.ctx.socket(zmq.DEALER)
+            self._close_idle_socket()
+            sock = self.socks[peer] = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(f"tcp://{where[0]}:{where[1]}")
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + MAC_BYTES)
+            sock.connect(f"tcp://{peer[0]}:{peer[1]}")
+        self.socks.move_to_end(peer)
         try:
-            sock.send(self._encoder.encode(msg), zmq.NOBLOCK)
+            sock.send_multipart(self.codec.encode(msg), zmq.NOBLOCK)
         except zmq.Again:
-            logger.warning("the bootstrap socket of %s:%d is full; dropped a %s", *where, type(msg).__name__)
+            logger.warning("the bootstrap socket of %s:%d is full; dropped a %s", *peer, type(msg).__name__)
 
-    def _decode(self, raw: bytes) -> object:
-        try:
-            return self._decoder.decode(raw)
-        except msgspec.DecodeError:
-            logger.warning("ignored a malformed message from a prefill worker")
-            return None
+    def _close_idle_socket(self) -> None:
+        """Keep at most MAX_PEER_SOCKETS - 1 open before a new one: close the least recently
+        used whose peer owes no reply (else the least recently used: its pulls time out)."""
+        if len(self.socks) < MAX_PEER_SOCKETS:
+            return
+        waiting = {p.peer for p in self.pulled.values()}
+        peer = next((peer for peer in self.socks if peer not in waiting), next(iter(self.socks)))
+        self.socks.pop(peer).close()
 
     def close(self) -> None:
         for sock in self.socks.values():
             sock.close()
+        for p in self.pulled.values():
+            self.transfer.unstage(p.staging, None)
         self.transfer.close()
         self.ctx.term()
 

@@ -10,19 +10,18 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-import numpy as np
 import zmq
 
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.disaggregation.protocol import (
+    BootstrapCodec,
     KVCancel,
     KVCancelled,
     KVDone,
     KVFailed,
     KVPull,
-    ToPrefill,
 )
+from arbor.runtime.disaggregation.secret import MAC_BYTES, MAX_FRAME_BYTES
 from arbor.runtime.disaggregation.transfer import make_transfer
 from arbor.runtime.memory import KVPool
 from arbor.runtime.messages import FinishAbort, FinishLength
@@ -31,6 +30,7 @@ from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 REMEMBERED_ROOMS = 4096  # ended rooms kept to answer a late pull or cancel
+MESSAGES_PER_STEP = 256  # a flood of bootstrap messages cannot stall the scheduler's step
 
 
 @dataclass(eq=False)
@@ -45,22 +45,26 @@ class _Held:
 
 
 class PrefillSender:
-    """Serves `KVPull`s on the bootstrap port (tcp, --host:--disaggregation-bootstrap-port)."""
+    """Serves `KVPull`s on the bootstrap port (tcp, --host:--disaggregation-bootstrap-port).
+    Every message there must be signed with the PD secret and well formed; any other is
+    dropped and counted (`bootstrap_rejected`), and never ends the worker."""
 
-    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float]) -> None:
-        self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "prefill")
+    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float],
+                 secret: str) -> None:
+        self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "prefill", args.host,
+                                      args.disaggregation_ib_device)
         self.kv = kv
+        self.codec = BootstrapCodec(secret)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + MAC_BYTES)  # a bigger frame drops its peer
         self.sock.bind(f"tcp://{args.host}:{args.disaggregation_bootstrap_port}")
         self.timeout = args.disaggregation_timeout_s
         self.counters = counters
         self.held: dict[int, _Held] = {}
         self.pulls: dict[int, tuple[bytes, KVPull]] = {}  # pulls that came before their request finished
         self.gone: OrderedDict[int, str] = OrderedDict()  # room -> why it ended without a transfer
-        self._decoder = msgspec.msgpack.Decoder(ToPrefill)
-        self._encoder = msgspec.msgpack.Encoder()
         self.sockets = [self.sock]
 
     @property
@@ -112,15 +116,14 @@ class PrefillSender:
         return ended, []
 
     def _drain(self) -> None:
-        while True:
+        for _ in range(MESSAGES_PER_STEP):
             try:
-                peer, frame = self.sock.recv_multipart(zmq.NOBLOCK)
+                peer, *frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            try:
-                msg = self._decoder.decode(frame)
-            except msgspec.DecodeError:
-                logger.warning("ignored a malformed message on the bootstrap port")
+            msg = self.codec.to_prefill(frames)
+            if msg is None:
+                self._reject()
                 continue
             held = self.held.get(msg.room)
             if isinstance(msg, KVCancel):
@@ -137,6 +140,13 @@ class PrefillSender:
                 while len(self.pulls) > REMEMBERED_ROOMS:  # pulls whose request never came here
                     self.pulls.pop(next(iter(self.pulls)))
 
+    def _reject(self) -> None:
+        """Count a message that was unsigned, malformed or out of range; warn on the first."""
+        if not self.counters["bootstrap_rejected"]:
+            logger.warning("dropped a bootstrap message that was not signed with the PD secret or was malformed "
+                           "(counted in arbor_bootstrap_rejected; further ones are not logged)")
+        self.counters["bootstrap_rejected"] += 1
+
     def _start(self, h: _Held, pull: KVPull) -> list[Req]:
         req = h.req
         fill = req.fill_ids()[: req.kv_len]
@@ -144,19 +154,13 @@ class PrefillSender:
         if problem is None and (pull.kv_len != req.kv_len or pull.tokens_crc != zlib.crc32(fill.tobytes())):
             problem = (f"the decode worker holds a different prompt for room {pull.room} ({pull.kv_len} positions, "
                        f"this worker {req.kv_len}): do both workers serve the same model and tokenizer?")
-        if problem is None and not 0 <= pull.skip <= req.kv_len:
-            problem = f"the pull for room {pull.room} skips {pull.skip} of {req.kv_len} positions"
-        if problem is None:
-            src = self.kv.slots(req, pull.skip, req.kv_len)
-            dst = np.frombuffer(pull.dst_slots, dtype=np.int32)
-            if len(dst) != len(src):
-                problem = f"the pull for room {pull.room} names {len(dst)} slots for {len(src)} positions"
         if problem is not None:
             self._reply(h.peer, KVFailed(room=pull.room, message=problem))
             return [self._end(h, problem, 502)]
-        notif = self._encoder.encode(_done_message(req, pull.room))
+        src = self.kv.slots(req, pull.skip, req.kv_len)  # pull_problem checked skip <= kv_len
+        notif = self.codec.encode_done(_done_message(req, pull, self.transfer.name))
         try:
-            h.handle, h.nbytes = self.transfer.write(pull.layout, src, dst, notif)
+            h.handle, h.nbytes = self.transfer.write(pull.layout, src, notif)
         except Exception as exc:
             message = f"the KV transfer of room {pull.room} could not start: {exc}"
             self._reply(h.peer, KVFailed(room=pull.room, message=message))
@@ -202,9 +206,12 @@ class PrefillSender:
         while len(self.gone) > REMEMBERED_ROOMS:
             self.gone.popitem(last=False)
 
-    def _reply(self, peer: bytes, msg: Any) -> None:
+    def _reply(self, peer: bytes, msg: KVFailed | KVCancelled) -> None:
         if peer:
-            self.sock.send_multipart([peer, self._encoder.encode(msg)])
+            try:
+                self.sock.send_multipart([peer, *self.codec.encode(msg)], zmq.NOBLOCK)
+            except zmq.ZMQError:  # the peer is gone or not reading: it learns by its timeout
+                logger.warning("could not answer room %d's decode worker", msg.room)
 
     def abort(self, rid: str) -> list[Req]:
         """End held requests of `rid` whose transfer has not started (one in flight finishes)."""
@@ -220,11 +227,11 @@ class PrefillSender:
         self.ctx.term()
 
 
-def _done_message(req: Req, room: int) -> KVDone:
-    """The notification that follows the KV: the first token after it and, when asked for,
-    its logprobs."""
+def _done_message(req: Req, pull: KVPull, agent: str) -> KVDone:
+    """The notification that follows the KV: the pull's nonce, the first token after it and,
+    when asked for, its logprobs."""
     i = req.kv_len - len(req.origin_ids)
-    done = KVDone(room=room, kv_len=req.kv_len, token=req.output_ids[i])
+    done = KVDone(room=pull.room, nonce=pull.nonce, agent=agent, kv_len=req.kv_len, token=req.output_ids[i])
     if req.return_logprob and len(req.logprobs) > i:
         done.logprob = req.logprobs[i]
         done.top_logprobs = req.top_logprobs[i] if len(req.top_logprobs) > i else []

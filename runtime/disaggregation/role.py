@@ -8,6 +8,7 @@ import zmq
 
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.disaggregation.protocol import KVDone
+from arbor.runtime.disaggregation.secret import require_secret
 from arbor.runtime.memory import KVPool
 from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.req import Req
@@ -56,12 +57,13 @@ class Role(Protocol):
 
 def make_role(args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float]) -> Role | None:
     """The side `--disaggregation-mode` names; None for a worker that does both."""
+    if args.disaggregation_mode == "null":
+        return None
+    secret = require_secret(args)
     if args.disaggregation_mode == "prefill":
         from arbor.runtime.disaggregation.prefill import PrefillSender
 
-        return PrefillSender(args, kv, pool, counters)
-    if args.disaggregation_mode == "decode":
-        from arbor.runtime.disaggregation.decode import DecodeReceiver
+        return PrefillSender(args, kv, pool, counters, secret)
+    from arbor.runtime.disaggregation.decode import DecodeReceiver
 
-        return DecodeReceiver(args, kv, pool, counters)
-    return None
+    return DecodeReceiver(args, kv, pool, counters, secret)

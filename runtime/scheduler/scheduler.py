@@ -80,7 +80,7 @@ class Scheduler(Admission, SpeculativeStep):
                          "cached_tokens": 0, "generated_tokens": 0, "forced_tokens": 0, "failed_batches": 0,
                          "spec_verify_steps": 0, "spec_request_steps": 0, "spec_draft_tokens": 0,
                          "spec_accepted_tokens": 0, "kv_transfers": 0, "kv_transfer_bytes": 0,
-                         "kv_transfer_seconds": 0.0, "kv_transfer_failures": 0}
+                         "kv_transfer_seconds": 0.0, "kv_transfer_failures": 0, "bootstrap_rejected": 0}
         self.pd = make_role(args, self.kv, self.runner.kv_pool, self.counters)  # disaggregated: its side
 
     # -------------------------------------------------------------- intake

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.disaggregation.secret import require_secret
 
 KEY_ENV = "ARBOR_API_KEY"
 ADMIN_KEY_ENV = "ARBOR_ADMIN_API_KEY"
@@ -22,6 +23,7 @@ class Caller:
 
     tenant: str | None
     admin: bool
+    pd: bool = False  # presented the PD secret: the router, which alone may set bootstrap fields
 
 
 OPEN = Caller(tenant=None, admin=True)  # a server without keys: one tenant, all rights
@@ -33,6 +35,7 @@ class Keys:
 
     tenants: tuple[str, ...]
     admin: str | None
+    pd_secret: str | None = None
 
     @classmethod
     def load(cls, args: ServerArgs) -> Keys:
@@ -48,11 +51,12 @@ class Keys:
             admin = (_lines(args.admin_api_key_file) or [None])[0]
         if admin is None and len(tenants) == 1:
             admin = tenants[0]
-        return cls(tuple(dict.fromkeys(tenants)), admin)
+        pd_secret = require_secret(args) if args.disaggregation_mode != "null" else None
+        return cls(tuple(dict.fromkeys(tenants)), admin, pd_secret)
 
     @property
     def enabled(self) -> bool:
-        return bool(self.tenants or self.admin)
+        return bool(self.tenants or self.admin or self.pd_secret)
 
     def caller(self, authorization: str) -> Caller | None:
         """The caller an `Authorization: Bearer KEY` header names, or None for a wrong key.
@@ -63,6 +67,9 @@ class Keys:
             if hmac.compare_digest(token, key.encode()):
                 tenant = _tenant_id(key)
         admin = self.admin is not None and hmac.compare_digest(token, self.admin.encode())
+        pd = self.pd_secret is not None and hmac.compare_digest(token, self.pd_secret.encode())
+        if pd:  # the router: every client of the router shares its namespace, as on an open worker
+            return Caller(tenant=_tenant_id(token.decode()), admin=True, pd=True)
         if tenant is None and not admin:
             return None
         return Caller(tenant=tenant or _tenant_id(self.admin or ""), admin=admin)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -25,12 +26,13 @@ class Router:
     proc: subprocess.Popen
     url: str
     workers: list[Server]
+    api_key: str | None = None
 
     @property
     def front(self) -> Server:
         """The router, spoken to with the same helpers as a worker (the workers have no key)."""
         host, port = self.url.removeprefix("http://").split(":")
-        return Server(host, int(port), self.workers[0].model, self.proc)
+        return Server(host, int(port), self.workers[0].model, self.proc, key=self.api_key or "")
 
 
 @pytest.fixture(scope="session")
@@ -54,26 +56,35 @@ def chat_trace(client: openai.OpenAI, model: str, conversations: int = 4, turns:
     return cached
 
 
+# sglang-router takes its key only as --api-key: this launcher adds it inside the process, from
+# the environment, so it never shows in the process list.
+_KEYED_LAUNCH = ("import os, sys; from sglang_router.launch_router import main; "
+                 "sys.argv += ['--api-key', os.environ.pop('ROUTER_API_KEY')]; main()")
+
+
 def start_router(workers: list[Server], timeout_s: float = 120.0,
-                 pd: tuple[Server, int, Server] | None = None) -> Router:
+                 pd: tuple[Server, int, Server] | None = None, api_key: str | None = None) -> Router:
     """sglang-router with the cache_aware policy on 127.0.0.1; ready once it lists the model.
-    With `pd` = (prefill worker, its bootstrap port, decode worker): PD-disaggregation mode."""
+    With `pd` = (prefill worker, its bootstrap port, decode worker): PD-disaggregation mode.
+    With `api_key`: the router sends it to the workers and asks its clients for it."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+    launch = ["-c", _KEYED_LAUNCH] if api_key else ["-m", "sglang_router.launch_router"]
+    cmd = [sys.executable, *launch, "--host", "127.0.0.1", "--port", str(port),
            "--policy", "cache_aware", "--log-level", "warn", "--prometheus-host", "127.0.0.1",
            "--prometheus-port", str(_free_port())]
     if pd is None:
         cmd += ["--worker-urls", *[w.base_url for w in workers]]
     else:
         cmd += ["--pd-disaggregation", "--prefill", pd[0].base_url, str(pd[1]), "--decode", pd[2].base_url]
-    proc = subprocess.Popen(cmd)
-    router = Router(proc, f"http://127.0.0.1:{port}", workers)
+    env = {**os.environ, "ROUTER_API_KEY": api_key} if api_key else None
+    proc = subprocess.Popen(cmd, env=env)
+    router = Router(proc, f"http://127.0.0.1:{port}", workers, api_key)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"sglang-router exited with {proc.returncode}")
         try:
-            status, body = router.front.request("GET", "/v1/models", key=None)
+            status, body = router.front.request("GET", "/v1/models", key=api_key)
             if status == 200 and [m["id"] for m in body["data"]] == [workers[0].model]:
                 return router
         except OSError:

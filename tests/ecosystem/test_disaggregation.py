@@ -21,15 +21,22 @@ from tests.server.conftest import Server, _free_port, start_server, stop_process
 
 pytest.importorskip("nixl")
 TIMEOUT_S = 4  # --disaggregation-timeout-s of the workers here
+SECRET = "pd-secret-for-tests-0123456789"  # shared by the router and both workers (ARBOR_PD_SECRET)
+TENANT = "a-tenant-key"  # a client of the workers themselves, who must not steer their KV
 
 
-def _pair(model: str, *prefill_extra: str) -> tuple[Server, Server, int]:
+def _pair(model: str, *prefill_extra: str, peers: tuple[int, ...] = ()) -> tuple[Server, Server, int]:
+    """A prefill and a decode worker sharing SECRET; the decode worker pulls only from the
+    prefill worker's bootstrap port and `peers` (ports on 127.0.0.1)."""
     port = _free_port()
     common = ("--enable-cache-report", "--disaggregation-timeout-s", str(TIMEOUT_S))
+    env = {"ARBOR_PD_SECRET": SECRET, "ARBOR_API_KEY": TENANT}
     prefill = start_server(model, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port),
-                           *common, *prefill_extra)
+                           *common, *prefill_extra, env=env)
+    allowed = ",".join(f"127.0.0.1:{p}" for p in (port, *peers))
     try:
-        decode = start_server(model, "--disaggregation-mode", "decode", *common)
+        decode = start_server(model, "--disaggregation-mode", "decode", "--disaggregation-prefill-peers", allowed,
+                              *common, env=env)
     except BaseException:
         stop_server(prefill)
         raise
@@ -41,7 +48,7 @@ def pd(tiny_model) -> Iterator[tuple[Server, Server, Server]]:
     """(router, prefill, decode); the prefill worker chunks prompts at 16 tokens."""
     prefill, decode, port = _pair(str(tiny_model("llama")), "--chunked-prefill-size", "16")
     try:
-        router = start_router([prefill], pd=(prefill, port, decode))
+        router = start_router([prefill], pd=(prefill, port, decode), api_key=SECRET)
     except BaseException:
         stop_server(prefill)
         stop_server(decode)
@@ -52,12 +59,12 @@ def pd(tiny_model) -> Iterator[tuple[Server, Server, Server]]:
     stop_server(decode)
 
 
-def _generate(server: Server, body: dict, key: str | None = None) -> tuple[int, dict]:
+def _generate(server: Server, body: dict, key: str | None = SECRET) -> tuple[int, dict]:
     return server.request("POST", "/generate", body, key=key)
 
 
 def _stats(server: Server) -> dict:
-    status, info = server.request("GET", "/get_server_info", key=None)
+    status, info = server.request("GET", "/get_server_info", key=SECRET)
     assert status == 200, info
     return info["stats"]
 
@@ -66,7 +73,7 @@ def _no_leak(server: Server, within_s: float) -> None:
     """Within `within_s`, every slot is free again once the radix cache is flushed."""
     deadline = time.monotonic() + within_s
     while True:
-        server.request("POST", "/flush_cache", key=None)
+        server.request("POST", "/flush_cache", key=SECRET)
         stats = _stats(server)
         if stats["free_slots"] == stats["total_slots"] and stats["invariant_ok"] == 1.0:
             return
@@ -95,7 +102,7 @@ def test_mixed_batch_equals_a_single_worker(pd, sglang_server):
 
 def test_second_turn_hits_the_decode_workers_cache(pd, sglang_server):
     front, _, _ = pd
-    client = openai.OpenAI(base_url=front.base_url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=front.base_url + "/v1", api_key=SECRET, max_retries=0)
     single = openai.OpenAI(base_url=sglang_server.base_url + "/v1", api_key=KEY, max_retries=0)
     messages = [{"role": "user", "content": "Tell me about disaggregated serving."}]
     replies = []
@@ -116,7 +123,7 @@ def test_streaming_through_the_router(pd, sglang_server):
     front, _, _ = pd
     body = {"text": "Streaming test:", "sampling_params": {"max_new_tokens": 10, "temperature": 0}, "stream": True}
     conn = http.client.HTTPConnection(front.host, front.port, timeout=60)
-    conn.request("POST", "/generate", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    conn.request("POST", "/generate", body=json.dumps(body), headers=_headers(SECRET))
     resp = conn.getresponse()
     assert resp.status == 200
     events = [json.loads(line[5:]) for line in resp.read().decode().splitlines()
@@ -129,7 +136,7 @@ def test_streaming_through_the_router(pd, sglang_server):
 
 def test_n_samples_and_grammar(pd, sglang_server):
     front, _, _ = pd
-    client = openai.OpenAI(base_url=front.base_url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=front.base_url + "/v1", api_key=SECRET, max_retries=0)
     out = client.completions.create(model=front.model, prompt="Count:", max_tokens=6, temperature=0, n=2)
     single = openai.OpenAI(base_url=sglang_server.base_url + "/v1", api_key=KEY, max_retries=0)
     want = single.completions.create(model=front.model, prompt="Count:", max_tokens=6, temperature=0, n=2)
@@ -168,7 +175,7 @@ def _close(a: object, b: object) -> bool:
 def test_both_workers_report_transfers_in_metrics(pd):
     _, prefill, decode = pd
     for worker in (prefill, decode):
-        status, text = worker.request("GET", "/metrics", key=None)
+        status, text = worker.request("GET", "/metrics", key=SECRET)
         assert status == 200
         moved = re.search(r"^arbor_kv_transfer_bytes (\S+)$", text, re.M)
         took = re.search(r"^arbor_kv_transfer_seconds (\S+)$", text, re.M)
@@ -199,6 +206,10 @@ def pair(tiny_model) -> Iterator[tuple[Server, Server, int]]:
             stop_server(s)
 
 
+def _headers(key: str) -> dict[str, str]:
+    return {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+
+
 def _boot(port: int, room: int) -> dict:
     return {"bootstrap_host": "127.0.0.1", "bootstrap_port": port, "bootstrap_room": room}
 
@@ -210,7 +221,7 @@ def test_abort_while_waiting_for_the_kv(pair):
     prefill, decode, port = pair
     body = {"text": "word " * 200, "sampling_params": {"max_new_tokens": 4}, **_boot(port, 11)}
     conn = http.client.HTTPConnection(decode.host, decode.port, timeout=1)
-    conn.request("POST", "/generate", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    conn.request("POST", "/generate", body=json.dumps(body), headers=_headers(SECRET))
     with pytest.raises(TimeoutError):
         conn.getresponse()
     conn.close()  # the client hangs up: the decode worker aborts the request
@@ -229,7 +240,7 @@ def test_abort_on_the_prefill_worker_fails_the_decode_side_fast(pair):
         time.sleep(0.3)  # the decode worker's pull waits on the prefill worker
         prefilling = pool.submit(_generate, prefill, {**body, "rid": "pd-abort"})
         time.sleep(0.1)
-        assert prefill.request("POST", "/abort_request", {"rid": "pd-abort"}, key=None)[0] == 200
+        assert prefill.request("POST", "/abort_request", {"rid": "pd-abort"}, key=SECRET)[0] == 200
         status, out = decoding.result(timeout=4 * TIMEOUT_S)
         assert time.monotonic() - t0 < TIMEOUT_S
         aborted = prefilling.result(timeout=4 * TIMEOUT_S)[1]

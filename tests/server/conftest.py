@@ -64,11 +64,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model_path: str, *extra: str) -> Server:
+def start_server(model_path: str, *extra: str, env: dict[str, str] | None = None) -> Server:
+    """`arbor serve` on a free 127.0.0.1 port; `env` adds to the environment (keys, secrets)."""
     port = _free_port()
     cmd = [sys.executable, "-m", "arbor", "serve", "--model-path", model_path, "--port", str(port),
            "--dtype", "float32", "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, env={**os.environ, **env} if env else None)
     server = Server("127.0.0.1", port, os.path.basename(model_path), proc)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
