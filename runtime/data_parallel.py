@@ -107,9 +107,11 @@ def _start(args: ServerArgs, fleet: Fleet, stopped: Callable[[], int]) -> str | 
     env = dict(os.environ)
     if args.api_key:  # in the environment, not in argv, which every local user can read
         env["ARBOR_API_KEY"] = args.api_key
-    for _ in range(args.dp_size):
+    for i in range(args.dp_size):
         port = free_port()
-        flags = args.to_cli_args(dp_size=1, host="127.0.0.1", port=port, num_threads=threads, api_key=None)
+        metrics_port = args.metrics_port + i if args.metrics_port else None  # each worker its own
+        flags = args.to_cli_args(dp_size=1, host="127.0.0.1", port=port, num_threads=threads, api_key=None,
+                                 metrics_port=metrics_port)
         fleet.workers.append(_spawn([sys.executable, "-m", "arbor", "serve", *flags], env))
         fleet.urls.append(f"http://127.0.0.1:{port}")
     for url in fleet.urls:

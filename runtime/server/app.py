@@ -16,10 +16,11 @@ from fastapi.responses import JSONResponse, Response
 
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.outputs import GenerateOutput, StreamShaper
-from arbor.runtime.request import GenerateInput, bootstrap_of, split_batch
+from arbor.runtime.request import GenerateInput, split_batch
 from arbor.runtime.server.auth import Keys
 from arbor.runtime.server.chat import role_markers
 from arbor.runtime.server.errors import ApiError
+from arbor.runtime.server.metrics_port import metrics_listener
 from arbor.runtime.server.openai_api import openai_routes
 from arbor.runtime.server.openapi import install_openapi
 from arbor.runtime.server.protocol import AbortRequest, GenerateRequest
@@ -27,6 +28,7 @@ from arbor.runtime.server.state import ServerState, caller_of, read_body, sse
 from arbor.runtime.tokenizer_manager import EngineDead, Prepared
 
 logger = logging.getLogger("arbor.server")
+METRICS_TYPE = "text/plain; version=0.0.4"
 MAX_STREAMED_LOGPROBS = 1 << 18  # entries over all events of one cumulative native stream (~8 MB)
 
 
@@ -36,17 +38,21 @@ def create_app(args: ServerArgs) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await state.start()
-        logger.info("serving %s on http://%s:%d", state.model_path, args.host, args.port)
-        yield
-        await state.stop()
+        async with metrics_listener(args.metrics_port, state.render_metrics):  # a port in use fails first
+            await state.start()
+            logger.info("serving %s on http://%s:%d", state.model_path, args.host, args.port)
+            yield
+            await state.stop()
 
     app = FastAPI(title="Arbor", lifespan=lifespan)
     app.state.arbor = state
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        # A body refused before it was all read (too slow, too large): close the connection,
+        # or the client could go on trickling into it.
+        close = {"Connection": "close"} if exc.status in (408, 413) else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=close)
 
     @app.exception_handler(EngineDead)
     async def engine_dead(request: Request, exc: EngineDead) -> JSONResponse:
@@ -55,15 +61,6 @@ def create_app(args: ServerArgs) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         state.front()
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/health_generate")
-    async def health_generate() -> Response:
-        """Healthy only if the engine generates: one token of a one-token prompt, greedy."""
-        prepared = await state.prepare([GenerateInput(input_ids=[0], sampling_params={"max_new_tokens": 1,
-                                                                                "temperature": 0})])
-        async for _ in state.front().run(prepared[0]):
-            pass
         return JSONResponse({"status": "ok"})
 
     guarded = APIRouter(dependencies=[Depends(_auth(state.keys))])
@@ -91,7 +88,26 @@ def _auth(keys: Keys) -> Callable[[Request], Awaitable[None]]:
     return check
 
 
+def _admin_only(request: Request, what: str) -> None:
+    """403 unless the caller holds the admin key (an open server's caller does)."""
+    if not caller_of(request).admin:
+        raise ApiError(403, f"{what} shows every tenant's traffic and needs the admin key (--admin-api-key-file); "
+                            "your own counters are in /get_server_info", "permission_error")
+
+
 def _native_routes(router: APIRouter, state: ServerState) -> None:
+
+    @router.get("/health_generate")
+    async def health_generate(request: Request) -> Response:
+        """Healthy only if the engine generates: one token of a one-token prompt, greedy. It
+        needs a key and counts against max_concurrent_requests, as any generation does."""
+        caller = caller_of(request)
+        prepared = await state.prepare([GenerateInput(input_ids=[0], sampling_params={
+            "max_new_tokens": 1, "temperature": 0}, cache_salt=state.salt(caller, None), owner=caller.tenant)])
+        with state.admit(1):
+            async for _ in state.front().run(prepared[0]):
+                pass
+        return JSONResponse({"status": "ok"})
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:
@@ -105,7 +121,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
                 return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
                 top_logprobs_num=body.top_logprobs_num, return_text_in_logprobs=body.return_text_in_logprobs,
                 cache_salt=state.salt(caller, body.cache_salt, _one_key(body.extra_key)), owner=caller.tenant,
-                bootstrap=bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room),
+                bootstrap=state.bootstrap(request, body.bootstrap_host, body.bootstrap_port, body.bootstrap_room),
                 require_reasoning=body.require_reasoning)
         except ValueError as e:
             raise ApiError(400, str(e)) from None
@@ -123,10 +139,9 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
 
     @router.get("/get_model_info")
     @router.get("/model_info")
-    async def model_info() -> Response:
+    async def model_info(request: Request) -> Response:
         front = state.front()
-        return JSONResponse({"model_path": state.model_path, "tokenizer_path": state.tokenizer_path,
-                             "served_model_name": state.model_name, "is_generation": True,
+        return JSONResponse({**state.model_paths(caller_of(request)), "served_model_name": state.model_name, "is_generation": True,
                              "max_context_length": front.info["context_length"],
                              "chat_roles": role_markers(state.tokenizer), **front.info})
 
@@ -147,13 +162,21 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
 
     @router.get("/get_server_info")
     @router.get("/server_info")
-    async def server_info() -> Response:
+    async def server_info(request: Request) -> Response:
+        """The server's configuration, and counters: the whole server's for the admin, the
+        caller's own (its finished requests and their tokens) for a tenant."""
+        caller = caller_of(request)
+        info = state.server_info(caller)
+        if not caller.admin:
+            return JSONResponse({**info, "stats": state.usage.of(caller.tenant)})
         stats = await state.front().stats()
-        return JSONResponse({**state.server_info(), "stats": stats, "inflight": state.inflight})
+        return JSONResponse({**info, "stats": stats, "inflight": state.inflight, "tenants": state.usage.all()})
 
     @router.get("/get_load")
-    async def get_load() -> Response:
-        """SGLang's load report, one entry per data-parallel rank, which routers poll."""
+    async def get_load(request: Request) -> Response:
+        """SGLang's load report, one entry per data-parallel rank, which routers poll (with
+        the admin key: the load is every tenant's traffic)."""
+        _admin_only(request, "/get_load")
         stats = await state.front().stats()
         waiting = int(stats.get("waiting", 0))
         used = int(stats.get("total_slots", 0) - stats.get("free_slots", 0))
@@ -161,9 +184,9 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
                               "num_waiting_reqs": waiting, "num_tokens": used, "ts_tic": time.perf_counter()}])
 
     @router.get("/metrics")
-    async def metrics() -> Response:
-        stats = await state.front().stats()
-        return Response(state.metrics.render(stats), media_type="text/plain; version=0.0.4")
+    async def metrics(request: Request) -> Response:
+        _admin_only(request, "/metrics (or --metrics-port, on 127.0.0.1)")
+        return Response(await state.render_metrics(), media_type=METRICS_TYPE)
 
 
 async def _admitted(state: ServerState, events: AsyncIterator[GenerateOutput]) -> AsyncIterator[GenerateOutput]:

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from arbor.runtime.messages import Bootstrap, FinishAbort, FinishInvalid, FinishLength, FinishStop
 from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
-from arbor.runtime.request import GenerateInput, bootstrap_of
+from arbor.runtime.request import GenerateInput
 from arbor.runtime.server.answer import AnswerShape, AnswerStream
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
@@ -29,11 +29,11 @@ MAX_CHAT_TOP_LOGPROBS = 20
 def openai_routes(router: APIRouter, state: ServerState) -> None:
 
     @router.get("/v1/models")
-    async def models() -> Response:
+    async def models(request: Request) -> Response:
         front = state.front()
         return JSONResponse({"object": "list", "data": [{
             "id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "arbor",
-            "root": state.model_path, "max_model_len": front.info["context_length"],
+            "root": state.model_paths(caller_of(request))["model_path"], "max_model_len": front.info["context_length"],
         }]})
 
     @router.post("/v1/completions")
@@ -52,7 +52,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         caller = caller_of(request)
         salt = state.salt(caller, body.cache_salt, body.extra_key)
         rid = body.rid if len(prompts) == 1 else None
-        boot = _bootstrap(body, len(prompts))
+        boot = _bootstrap(state, request, body, len(prompts))
         inputs = [_input(p, params, body.stream, k, salt, rid, caller.tenant, boot) for p in prompts]
         prepared = await state.prepare(inputs)
         meta = _Meta("cmpl", state.model_name)
@@ -90,7 +90,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         k = (top or 0) if body.logprobs else None
         caller = caller_of(request)
         one = _input(ids, params, body.stream, k, state.salt(caller, body.cache_salt, body.extra_key), body.rid,
-                     caller.tenant, _bootstrap(body, 1))
+                     caller.tenant, _bootstrap(state, request, body, 1))
         # require_reasoning (with --reasoning-parser): a constraint (response_format, a forced tool
         # call) shapes the answer after the <think> section, not the reasoning.
         one.require_reasoning = body.require_reasoning
@@ -189,12 +189,9 @@ def _input(prompt: Any, params: dict[str, Any], stream: bool, k: int | None, sal
                          bootstrap=boot)
 
 
-def _bootstrap(body: Any, prompts: int) -> Bootstrap | None:
+def _bootstrap(state: ServerState, request: Request, body: Any, prompts: int) -> Bootstrap | None:
     """The request's disaggregation fields (sglang-router --pd-disaggregation adds them)."""
-    try:
-        boot = bootstrap_of(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
-    except ValueError as e:
-        raise ApiError(400, str(e)) from None
+    boot = state.bootstrap(request, body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
     if boot is not None and (isinstance(boot, list) or prompts > 1):
         raise ApiError(400, "a disaggregated request carries one prompt; send one request per prompt")
     return boot

@@ -17,13 +17,16 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.messages import Bootstrap
 from arbor.runtime.outputs import GenerateOutput
 from arbor.runtime.processes import ChildProcesses
-from arbor.runtime.request import GenerateInput
+from arbor.runtime.request import GenerateInput, bootstrap_of
 from arbor.runtime.server.auth import OPEN, Caller, Keys
+from arbor.runtime.server.bootstrap_gate import BootstrapGate
 from arbor.runtime.server.chat import ChatTokenizer
 from arbor.runtime.server.errors import ApiError, decode
 from arbor.runtime.server.metrics import Metrics
+from arbor.runtime.server.tenant_usage import TenantUsage
 from arbor.runtime.tokenizer_manager import EngineDead, Prepared, TokenizerManager
 
 logger = logging.getLogger("arbor.server")
@@ -50,6 +53,7 @@ class ServerState:
         self.model_name = args.served_model_name or Path(self.model_path).name
         self.chat = ChatTokenizer(self.tokenizer)
         self.metrics = Metrics(self.model_name)
+        self.usage = TenantUsage()
         self.children = ChildProcesses(args, self.model_path, self.tokenizer_path)
         self.manager: TokenizerManager | None = None
         self.on_engine_death: Callable[[], None] | None = None
@@ -57,6 +61,7 @@ class ServerState:
         self._watcher: asyncio.Task[None] | None = None
         self.inflight = 0
         self.keys = Keys.load(args)
+        self.gate = BootstrapGate(args)
 
     async def start(self) -> None:
         self.manager = TokenizerManager(self.args, self.tokenizer, self.children)
@@ -100,17 +105,34 @@ class ServerState:
         parts = [p for p in (caller.tenant, cache_salt, extra_key) if p]
         return ":".join(parts) or None
 
+    def bootstrap(self, request: Request, host: Any, port: Any, room: Any) -> Bootstrap | list[Bootstrap] | None:
+        """A request's disaggregation fields, checked: well formed (else 400) and sent by the
+        router to a peer this worker may pull from (else 403)."""
+        try:
+            boot = bootstrap_of(host, port, room)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="bootstrap_host") from None
+        self.gate.check(boot, caller_of(request), request.client.host if request.client else None)
+        return boot
+
     def check_model(self, model: str | None) -> None:
         """A request may name the model; it must be the one this server serves."""
         if model is not None and model not in (self.model_name, self.model_path, "default"):
             raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                            "invalid_request_error", "model")
 
-    def server_info(self) -> dict[str, Any]:
+    def model_paths(self, caller: Caller) -> dict[str, str]:
+        """model_path and tokenizer_path as `caller` may read them: the directories for the
+        admin, the served model name for a tenant (no filesystem path reaches a tenant)."""
+        if caller.admin:
+            return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path}
+        return {"model_path": self.model_name, "tokenizer_path": self.model_name}
+
+    def server_info(self, caller: Caller) -> dict[str, Any]:
         """What SGLang's /get_server_info reports that routers read (model, sizes, mode)."""
         info = self.front().info
-        return {"model_path": self.model_path, "tokenizer_path": self.tokenizer_path,
-                "served_model_name": self.model_name, "is_generation": True, "tp_size": self.args.tp_size, "dp_size": 1,
+        return {**self.model_paths(caller), "served_model_name": self.model_name, "is_generation": True,
+                "tp_size": self.args.tp_size, "dp_size": 1,
                 "disaggregation_mode": self.args.disaggregation_mode, "max_running_requests": self.args.max_running_requests,
                 "max_total_num_tokens": info["max_total_tokens"], "context_length": info["context_length"],
                 "kv_cache_dtype": info["kv_cache_dtype"],
@@ -166,7 +188,13 @@ class ServerState:
             self.inflight -= count
 
     def outputs(self, prepared: Prepared) -> AsyncIterator[GenerateOutput]:
-        return self.metrics.timed(self.front().run(prepared), prepared.msg.stream)
+        """A request's outputs, counted in the metrics and in its tenant's usage."""
+        timed = self.metrics.timed(self.front().run(prepared), prepared.msg.stream)
+        return self.usage.counted(timed, prepared.owner)
+
+    async def render_metrics(self) -> bytes:
+        """The Prometheus exposition of the whole server (every tenant's traffic)."""
+        return self.metrics.render(await self.front().stats())
 
     async def collect(self, request: Request, prepared: list[Prepared]) -> list[list[GenerateOutput]]:
         """Run requests to completion; if the client goes away first, abort them all at once."""
@@ -205,20 +233,27 @@ def _api_error(e: Exception) -> ApiError:
 
 
 async def read_body(request: Request, kind: type, args: ServerArgs) -> Any:
-    """The request body decoded into `kind`, refusing bodies over --max-body-bytes with 413 and
-    a body whose next piece takes longer than --body-timeout-s with 408."""
+    """The request body decoded into `kind`, refusing bodies over --max-body-bytes with 413, and
+    with 408 a body whose next piece takes longer than --body-timeout-s or whose whole takes
+    longer than --body-deadline-s (so a slow trickle cannot hold a connection for ever)."""
     limit, timeout_s = args.max_body_bytes, args.body_timeout_s
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.body_deadline_s
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the body has {declared} bytes; the limit is {limit} (--max-body-bytes)")
     chunks, size = [], 0
     stream = request.stream()
     while True:
+        left = deadline - loop.time()
         try:
-            chunk = await asyncio.wait_for(anext(stream), timeout_s)
+            chunk = await asyncio.wait_for(anext(stream), min(timeout_s, left))
         except StopAsyncIteration:
             break
         except asyncio.TimeoutError:
+            if left <= timeout_s:
+                raise ApiError(408, f"the body took over {args.body_deadline_s:g} s in all (--body-deadline-s); "
+                                    "send it at once") from None
             raise ApiError(408, f"the body stalled for {timeout_s:g} s (--body-timeout-s); send it at once") from None
         size += len(chunk)
         if size > limit:
