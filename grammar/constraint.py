@@ -8,9 +8,10 @@ import re
 from typing import Any
 
 import msgspec
-import re2
 
 from arbor.grammar.json_schema import RegexPlan, any_json_regex, regex_for_choices, schema_to_regex
+from arbor.grammar.linear_regex import check_schema_patterns, compile_ecma
+from arbor.grammar.nesting import check_json, check_regex
 from arbor.grammar.regex_parts import SchemaError
 from arbor.grammar.structural_tag import canonical
 
@@ -61,12 +62,14 @@ def constraint_from_params(params: dict[str, Any], backend: str = "outlines") ->
         constraint = Constraint("json_object")
     elif kind == "json_schema":
         if isinstance(value, str):
+            check_json(value, "json_schema")  # json.loads recurses per level
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"json_schema is not valid JSON: {exc}") from None
         if not isinstance(value, (dict, bool)):
             raise ValueError("json_schema must be a JSON Schema object (or its JSON text)")
+        check_schema_patterns(value)  # the output may be validated against them, on RE2
         constraint = Constraint("json_schema", json.dumps(value, separators=(",", ":"), ensure_ascii=False))
     elif kind == "choices":
         constraint = Constraint("choices", json.dumps(value, ensure_ascii=False))
@@ -102,6 +105,7 @@ def plan(constraint: Constraint) -> RegexPlan:
         if constraint.kind == "choices":
             return RegexPlan(regex_for_choices(json.loads(constraint.text)))
         if constraint.kind == "regex":
+            check_regex(constraint.text, "regex")  # re's parser recurses per group
             try:
                 re.compile(constraint.text)
             except re.error as exc:
@@ -129,13 +133,15 @@ def check_output(constraint: Constraint | None, text: str, unenforced: list[str]
     schema = json.loads(constraint.text)
     try:
         _linear_validator(schema).validate(json.loads(text))
-    except (ValueError, OverflowError, jsonschema.ValidationError, jsonschema.SchemaError, re2.error) as exc:
+    except (ValueError, OverflowError, jsonschema.ValidationError, jsonschema.SchemaError) as exc:
         result.update(valid=False, error=str(exc).split("\n")[0][:300])
     return result
 
 
 def _linear_validator(schema: Any) -> Any:
-    """A jsonschema validator for `schema` whose `pattern` and `patternProperties` use RE2."""
+    """A jsonschema validator for `schema` whose regex keywords (`pattern`, `patternProperties`
+    and the `additionalProperties` beside it) run on RE2. `unevaluatedProperties` with
+    `patternProperties` never gets here: check_schema_patterns refuses it."""
     import jsonschema
 
     def pattern(validator: Any, regex: str, instance: Any, _schema: Any) -> Any:
@@ -150,11 +156,22 @@ def _linear_validator(schema: Any) -> Any:
                 if _re2(regex).search(key):
                     yield from validator.descend(value, subschema, path=key, schema_path=regex)
 
+    def additional_properties(validator: Any, extra: Any, instance: Any, schema: dict[str, Any]) -> Any:
+        if not validator.is_type(instance, "object"):
+            return
+        named, patterns = schema.get("properties", {}), [_re2(r) for r in schema.get("patternProperties", {})]
+        extras = [k for k in instance if k not in named and not any(r.search(k) for r in patterns)]
+        if validator.is_type(extra, "object"):
+            for key in extras:
+                yield from validator.descend(instance[key], extra, path=key)
+        elif extra is False and extras:
+            yield jsonschema.ValidationError(f"additional properties are not allowed ({extras[0][:80]!r} is one)")
+
     base = jsonschema.validators.validator_for(schema)
-    linear = jsonschema.validators.extend(base, {"pattern": pattern, "patternProperties": pattern_properties})
+    linear = jsonschema.validators.extend(base, {"pattern": pattern, "patternProperties": pattern_properties,
+                                                 "additionalProperties": additional_properties})
     return linear(schema)
 
 
-@functools.lru_cache(maxsize=256)
 def _re2(regex: str) -> Any:
-    return re2.compile(regex)
+    return compile_ecma(regex, "json_schema pattern")

@@ -14,7 +14,10 @@ from typing import Any
 
 import re2
 
-MAX_PROGRAM_BYTES = 1 << 20  # RE2's memory budget per pattern; bounds compile time (~15 ms) and memory
+MAX_PROGRAM_BYTES = 1 << 20  # RE2's memory budget per pattern; bounds compile time (~20 ms) and memory
+# RE2 compiles in about 0.25 us per program instruction, on the server's event loop: one
+# request's patterns may have this many in all (~50 ms), however many it sends.
+MAX_REQUEST_PROGRAM = 200_000
 _ECMA_ESCAPE = re.compile(r"\\u([0-9A-Fa-f]{4})|\\.", re.S)  # fixed, linear: one escape at a time
 
 
@@ -42,6 +45,21 @@ def compile_linear(pattern: str, name: str) -> Any:
         raise ValueError(f"{name} {pattern[:80]!r} {_why(pattern, exc)}") from None
 
 
+class ProgramBudget:
+    """The RE2 program instructions one request may still compile (MAX_REQUEST_PROGRAM in all)."""
+
+    def __init__(self, limit: int = MAX_REQUEST_PROGRAM) -> None:
+        self.left = limit
+
+    def take(self, regex: Any, name: str) -> None:
+        """Charge a compiled regex; raises ValueError naming `name` once the budget is spent."""
+        self.left -= regex.programsize
+        if self.left < 0:
+            raise ValueError(f"{name}: the request's regexes compile to more than {MAX_REQUEST_PROGRAM:,} "
+                             "RE2 instructions in all; use fewer patterns, smaller counted repeats {n} "
+                             "or narrower character classes")
+
+
 def compile_ecma(pattern: str, name: str) -> Any:
     """A JSON Schema (ECMA-262) `pattern` compiled by RE2: `\\uXXXX` escapes become RE2's `\\x{XXXX}`."""
     spelled = _ECMA_ESCAPE.sub(lambda m: f"\\x{{{m.group(1)}}}" if m.group(1) else m.group(0), pattern)
@@ -62,3 +80,38 @@ def _why(pattern: str, exc: re2.error) -> str:
         return f"is not a valid regular expression: {message}"
     return (f"is not supported: {message}; lookaround, backreferences, atomic groups and possessive "
             "repeats need a backtracking engine, which Arbor does not run on user patterns; rewrite without them")
+
+
+def check_schema_patterns(schema: Any) -> None:
+    """Refuse a JSON Schema whose `pattern` or `patternProperties` RE2 cannot run, or whose
+    `unevaluatedProperties` check would run `patternProperties` on Python's backtracking `re`
+    (jsonschema's own code, which no keyword hook reaches). Every object in the document
+    counts, since a `$ref` can make any of them a schema. Iterative: any nesting depth."""
+    todo, patterned, unevaluated = [schema], False, False
+    seen: set[str] = set()
+    budget = ProgramBudget()
+
+    def check(pattern: str, name: str) -> None:
+        if pattern not in seen:
+            seen.add(pattern)
+            budget.take(compile_ecma(pattern, name), name)
+
+    while todo:
+        node = todo.pop()
+        if isinstance(node, list):
+            todo.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("pattern"), str):
+            check(node["pattern"], "json_schema pattern")
+        if isinstance(node.get("patternProperties"), dict):
+            patterned = True
+            for key in node["patternProperties"]:
+                check(key, "json_schema patternProperties key")
+        unevaluated = unevaluated or "unevaluatedProperties" in node
+        todo.extend(node.values())
+    if patterned and unevaluated:
+        raise ValueError("json_schema: unevaluatedProperties together with patternProperties is not supported "
+                         "(its check would run the patterns on a backtracking regex engine); use "
+                         "additionalProperties beside patternProperties instead")

@@ -19,7 +19,7 @@ from typing import Any
 import zmq.asyncio
 
 from arbor.grammar.constraint import backend_for, check_output, constraint_from_params, post_checked
-from arbor.grammar.linear_regex import compile_linear
+from arbor.grammar.linear_regex import ProgramBudget, compile_linear
 from arbor.grammar.reasoning_gate import THINK_END, THINK_START
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.ipc import AsyncPuller, AsyncPusher
@@ -479,8 +479,9 @@ def _stop_strings(stop: Any, name: str) -> list[str]:
 def _stop_regexes(stop_regex: Any) -> list[str]:
     """The stop regexes, each one RE2 runs (the detokenizer searches with RE2, in linear time)."""
     patterns = _stop_strings(stop_regex, "stop_regex")
-    for p in patterns:
-        compile_linear(p, "stop_regex")
+    budget = ProgramBudget()
+    for p in set(patterns):
+        budget.take(compile_linear(p, "stop_regex"), "stop_regex")
     return patterns
 
 
