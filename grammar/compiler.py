@@ -48,6 +48,7 @@ from arbor.grammar.worker import CompileDone, CompileJob, WorkerInit, read_frame
 
 logger = logging.getLogger(__name__)
 WORKER_START_S = 60.0  # a compile worker's interpreter start and vocabulary load (not a job's limit)
+MAX_FAILED_MESSAGE = 1000  # characters of a failed constraint's error kept for its resends
 
 
 class GrammarError(ValueError):
@@ -69,7 +70,7 @@ class CompilerConfig:
     cache_mb: int = 512
     cache_dir: str | None = None
     max_pending: int = 64  # distinct constraints compiling or queued; more are refused (GrammarBusy)
-    failed_cache: int = 1024  # failed constraints remembered, so a resend fails at once
+    failed_cache: int = 1024  # failed constraints remembered (by digest), so a resend fails at once
 
 
 class _Worker:
@@ -159,7 +160,9 @@ class GrammarCompiler:
         self._cache: OrderedDict[Constraint, Any] = OrderedDict()
         self._cache_bytes = 0
         self._pending: dict[Constraint, Future] = {}
-        self._failed: OrderedDict[Constraint, str] = OrderedDict()  # constraint -> its error message
+        # A digest of each failed constraint -> its error message: a few hundred bytes an entry,
+        # however large the constraint (up to 200k characters) was.
+        self._failed: OrderedDict[bytes, str] = OrderedDict()
         self.stats = {"compiles": 0, "cache_hits": 0, "disk_hits": 0, "errors": 0, "compile_s": 0.0}
 
     @functools.cached_property
@@ -177,9 +180,9 @@ class GrammarCompiler:
                 done: Future = Future()
                 done.set_result(grammar)
                 return done
-            failed = self._failed.get(constraint)
+            failed = self._failed.get(_digest(constraint))
             if failed is not None:  # a resent bad constraint must not hold a worker again
-                self._failed.move_to_end(constraint)
+                self._failed.move_to_end(_digest(constraint))
                 return _failed_future(GrammarError(failed))
             if constraint in self._pending:
                 return self._pending[constraint]
@@ -219,7 +222,7 @@ class GrammarCompiler:
         except GrammarError as exc:
             self.stats["errors"] += 1
             with self._lock:
-                self._failed[constraint] = str(exc)
+                self._failed[_digest(constraint)] = str(exc)[:MAX_FAILED_MESSAGE]
                 while len(self._failed) > self.config.failed_cache:
                     self._failed.popitem(last=False)
             raise
@@ -337,6 +340,10 @@ def _regex_of(constraint: Constraint) -> str:
 def _too_slow(timeout_s: float) -> str:
     return (f"compiling the constraint took longer than {timeout_s:g} s; simplify it (fewer optional "
             "properties, smaller bounds) or raise --grammar-compile-timeout-s")
+
+
+def _digest(constraint: Constraint) -> bytes:
+    return hashlib.sha256(f"{constraint.kind}\0{constraint.text}".encode()).digest()
 
 
 def _failed_future(exc: Exception) -> Future:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any
@@ -12,6 +11,7 @@ import msgspec
 from arbor.grammar.json_schema import RegexPlan, any_json_regex, regex_for_choices, schema_to_regex
 from arbor.grammar.linear_regex import check_schema_patterns, compile_ecma
 from arbor.grammar.nesting import check_json, check_regex
+from arbor.grammar.plan_cache import PlanCache
 from arbor.grammar.regex_parts import SchemaError
 from arbor.grammar.structural_tag import canonical
 
@@ -94,9 +94,22 @@ def constraint_from_params(params: dict[str, Any], backend: str = "outlines") ->
 _NEGATED_CLASS = re.compile(r"\[\^(?:\\.|[^\]\\])*\]")
 
 
-@functools.lru_cache(maxsize=256)
+PLANS = PlanCache()  # this process's plans, bounded in bytes; see grammar/plan_cache.py
+
+
 def plan(constraint: Constraint) -> RegexPlan:
-    """The regex a regular constraint compiles to (memoised); raises ValueError naming the problem."""
+    """The regex a regular constraint compiles to; raises ValueError naming the problem. A plan
+    computed here waits on probation until `keep_plan` says its request ran."""
+    return PLANS.get(constraint) or PLANS.trial(constraint, _plan(constraint))
+
+
+def keep_plan(constraint: Constraint | None) -> None:
+    """The request constrained by `constraint` ran (it was not refused): keep its plan."""
+    if constraint is not None:
+        PLANS.keep(constraint)
+
+
+def _plan(constraint: Constraint) -> RegexPlan:
     try:
         if constraint.kind == "json_schema":
             return schema_to_regex(json.loads(constraint.text))

@@ -18,7 +18,13 @@ from typing import Any
 
 import zmq.asyncio
 
-from arbor.grammar.constraint import backend_for, check_output, constraint_from_params, post_checked
+from arbor.grammar.constraint import (
+    backend_for,
+    check_output,
+    constraint_from_params,
+    keep_plan,
+    post_checked,
+)
 from arbor.grammar.linear_regex import ProgramBudget, compile_linear
 from arbor.grammar.reasoning_gate import THINK_END, THINK_START
 from arbor.runtime.config import ServerArgs
@@ -258,6 +264,7 @@ class TokenizerManager:
                     yield self._response(s, prepared)
                 elif msg.stream and len(s.output_ids) - s.streamed >= prepared.stream_interval:
                     yield self._response(s, prepared)
+            keep_plan(msg.constraint)  # it ran: a refused request's plan never enters the kept cache
         finally:
             for r in rids:
                 self._queues.pop(r, None)
