@@ -69,6 +69,30 @@ class RegexPlan:
 
 def schema_to_regex(schema: Any) -> RegexPlan:
     """Compile a JSON Schema (dict or bool) to a regex; raises SchemaError naming the problem."""
+    try:
+        return _schema_to_regex(schema)
+    except SchemaError:
+        raise
+    except Exception:  # the builder takes the schema's shape on trust: say what is malformed
+        problem = _metaschema_problem(schema)
+        if problem is None:
+            raise  # a valid schema the builder fails on is Arbor's bug
+        raise SchemaError(f"the schema is not valid JSON Schema: {problem}") from None
+
+
+def _metaschema_problem(schema: Any) -> str | None:
+    """How `schema` breaks its draft's metaschema (without compiling its regexes), or None."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema, format_checker=None)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(map(str, exc.path)) or "the top"
+        return f"{exc.message[:200]} (at {where})"
+    return None
+
+
+def _schema_to_regex(schema: Any) -> RegexPlan:
     for budget in OBJECT_BUDGETS:
         builder = _Builder(schema, budget)
         try:
@@ -222,6 +246,9 @@ class _Builder:
                     low, low_x = v, True
                 else:
                     high, high_x = v, True
+        for name, v in (("minimum", low), ("maximum", high)):
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v)):
+                raise SchemaError(f"the {name} bound must be a finite number, got {v!r}")
         return low, high, low_x, high_x
 
     def _integer(self, s: dict) -> str:

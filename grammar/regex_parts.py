@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from arbor.grammar.nesting import TooDeep, check_regex
+
 # One character of a JSON string: any but quote, backslash and control bytes, or an escape.
 STRING_CHAR = r'(?:[^"\\\x00-\x1F]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})'
 STRING = f'"{STRING_CHAR}*"'
@@ -173,6 +175,10 @@ def pattern_contents(pattern: str) -> str:
     out of character classes, which narrows but never breaks the language."""
     if not isinstance(pattern, str):
         raise SchemaError("pattern must be a string")
+    try:
+        check_regex(pattern, "pattern")  # compilers that parse regexes recursively come after
+    except TooDeep as exc:
+        raise SchemaError(str(exc)) from None
     for bad in ("(?=", "(?!", "(?<=", "(?<!"):
         if bad in pattern:
             raise SchemaError(f"pattern {pattern!r} uses lookaround ({bad}), which constrained decoding cannot express")

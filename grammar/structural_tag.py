@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from arbor.grammar.nesting import check_json
+
 MAX_TAGS = 64
 
 
@@ -23,10 +25,7 @@ def canonical(value: Any) -> dict[str, Any]:
     """The current-form dict of a structural tag given as a dict or its JSON text; raises
     ValueError naming what is wrong."""
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"structural_tag is not valid JSON: {exc}") from None
+        value = _json_text(value, "structural_tag")
     if not isinstance(value, dict):
         raise ValueError("structural_tag must be an object: {type: structural_tag, structures, triggers} "
                          "or {type: structural_tag, format}")
@@ -51,7 +50,7 @@ def _legacy_format(value: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"structural_tag.structures[{i}].begin {s['begin'][:40]!r} starts with none of the triggers")
         schema = s.get("schema", {})
         if isinstance(schema, str):
-            schema = json.loads(schema)
+            schema = _json_text(schema, f"structural_tag.structures[{i}].schema")
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"structural_tag.structures[{i}].schema must be a JSON Schema object")
         tags.append({"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": schema},
@@ -79,3 +78,11 @@ def to_lark(tag: dict[str, Any]) -> str:
              for t in tags]
     # Triggers are matched as text: a tokenizer's special tokens have no bytes here (vocabulary.py).
     return llguidance.StructTag.to_grammar(items, assume_special=False)
+
+
+def _json_text(text: str, field: str) -> Any:
+    check_json(text, field)  # json.loads recurses once per level
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{field} is not valid JSON: {exc}") from None

@@ -58,6 +58,13 @@ def create_app(args: ServerArgs) -> FastAPI:
     async def engine_dead(request: Request, exc: EngineDead) -> JSONResponse:
         return JSONResponse(ApiError(503, str(exc), "server_error").body(), status_code=503)
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        """Anything else escaping a route is Arbor's bug, never the request's: a 500 in the
+        same error shape. Starlette re-raises after answering, so the log gets the traceback."""
+        return JSONResponse(ApiError(500, "internal error: this is a bug in Arbor, not in the request; the server "
+                                          "log has its traceback", "server_error").body(), status_code=500)
+
     @app.get("/health")
     async def health() -> Response:
         state.front()

@@ -11,11 +11,9 @@ tokenize identically every time, and each new turn hits the previous turns' KV.
 from __future__ import annotations
 
 import re
+import secrets
 from collections import OrderedDict
 from typing import Any
-
-_MARK = "\ue000{}\ue001"  # private-use characters: never in real chat text
-_SPLIT = re.compile("\ue000(\\d+)\ue001")
 
 
 class ChatTokenizer:
@@ -38,12 +36,15 @@ class ChatTokenizer:
     def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of the conversation (and the tools, which the template renders) followed
         by the assistant generation prompt."""
+        # A fresh random mark per call: chat text cannot spell a placeholder, so whatever it
+        # holds (private-use characters included) renders and tokenizes as the text it is.
+        mark = f"\ue000{secrets.token_hex(8)}:"
         spliced: list[list[int]] = []
         rendered = []
         for m in messages:
             known = self._ids.get(m["content"]) if m["role"] == "assistant" and "tool_calls" not in m else None
             if known is not None:
-                m = {**m, "content": _MARK.format(len(spliced))}
+                m = {**m, "content": f"{mark}{len(spliced)}\ue001"}
                 spliced.append(known)
             rendered.append(m)
         try:
@@ -51,7 +52,7 @@ class ChatTokenizer:
         except Exception as e:  # a template that rejects the conversation (e.g. role order)
             raise ValueError(f"the chat template cannot render these messages: {e}") from None
         ids: list[int] = []
-        for i, piece in enumerate(_SPLIT.split(text)):
+        for i, piece in enumerate(re.split(re.escape(mark) + "(\\d+)\ue001", text)):
             if i % 2:
                 ids += spliced[int(piece)]
             elif piece:

@@ -1,10 +1,19 @@
-"""API errors: one exception type, answered in OpenAI's error JSON shape on every route."""
+"""API errors: one exception type, answered in OpenAI's error JSON shape on every route.
+
+The contract: what a request's own input causes is a 4xx that names the field; checks that
+refuse input raise ValueError (a SchemaError, a TooDeep, a JSONDecodeError), which
+`refusing` turns into a 400. Anything else escaping a route is Arbor's bug: a logged 500."""
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
+
+from arbor.grammar.nesting import TooDeep, check_json, too_deep_path
 
 
 class ApiError(Exception):
@@ -22,8 +31,27 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
 
 
+@contextlib.contextmanager
+def refusing(param: str | None = None, prefix: str = "") -> Iterator[None]:
+    """Inside, a ValueError (a check refusing the request's input) becomes a 400 with `param`
+    and the message after `prefix`; other exceptions pass on to the 500 handler."""
+    try:
+        yield
+    except ValueError as e:
+        raise ApiError(400, prefix + str(e), param=param) from None
+
+
 def decode(raw: bytes, kind: type) -> Any:
-    """Decode a JSON body into the struct `kind`; malformed or mistyped input is a 400."""
+    """Decode a JSON body into the struct `kind`; malformed, mistyped or too deeply nested
+    input is a 400. The nesting is checked first, without recursing: msgspec recurses per level."""
+    try:
+        check_json(raw, "the body")
+    except TooDeep as e:
+        path = too_deep_path(raw, e.limit)
+        where = f" (at {path})" if path else ""
+        field = re.match(r"[^.\[]*", path)
+        raise ApiError(400, f"the body nests arrays and objects {e.depth} levels deep{where}; the limit is "
+                            f"{e.limit}: flatten it", param=field[0] if field and field[0] else None) from None
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as e:

@@ -24,7 +24,7 @@ from arbor.runtime.request import GenerateInput, bootstrap_of
 from arbor.runtime.server.auth import OPEN, Caller, Keys
 from arbor.runtime.server.bootstrap_gate import BootstrapGate
 from arbor.runtime.server.chat import ChatTokenizer
-from arbor.runtime.server.errors import ApiError, decode
+from arbor.runtime.server.errors import ApiError, decode, refusing
 from arbor.runtime.server.metrics import Metrics
 from arbor.runtime.server.tenant_usage import TenantUsage
 from arbor.runtime.tokenizer_manager import EngineDead, Prepared, TokenizerManager
@@ -144,13 +144,11 @@ class ServerState:
         front = self.front()
         if len(inputs) > self.args.max_batch_prompts:
             raise ApiError(400, f"a batch may hold at most {self.args.max_batch_prompts} prompts, got {len(inputs)}")
-        try:
+        with refusing():
             if sum(len(i.text or "") for i in inputs) <= INLINE_TOKENIZE_CHARS:
                 return front.prepare_batch(inputs)
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.tokenizer_thread, front.prepare_batch, inputs)
-        except ValueError as e:
-            raise ApiError(400, str(e)) from None
 
     async def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Token ids of a chat prompt (with the tools the template renders): refused before
@@ -158,7 +156,7 @@ class ServerState:
         front = self.front()
         chars = sum(len(m["content"]) for m in messages) + (len(json.dumps(tools)) if tools else 0)
         most = front.info["context_length"] * front.max_token_chars
-        try:
+        with refusing("messages"):
             if chars > most:
                 raise ValueError(f"the messages hold {chars} characters, more than {most}, which cannot fit the "
                                  f"context length of {front.info['context_length']} tokens; shorten them")
@@ -166,8 +164,6 @@ class ServerState:
                 return self.chat.encode(messages, tools)
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.tokenizer_thread, self.chat.encode, messages, tools)
-        except ValueError as e:
-            raise ApiError(400, str(e), param="messages") from None
 
     def check_capacity(self, count: int) -> None:
         """429 when `count` more requests would pass max_concurrent_requests (checked before a

@@ -10,7 +10,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from arbor.runtime.server.errors import ApiError
+from arbor.grammar.json_schema import schema_to_regex
+from arbor.grammar.nesting import check_json
+from arbor.runtime.server.errors import ApiError, refusing
 from arbor.runtime.server.tool_parsers import PARSERS, ToolCall, ToolParser
 
 MAX_TOOLS = 128  # OpenAI's limit
@@ -94,6 +96,9 @@ def _function(tool: Any, i: int) -> dict[str, Any]:
     unknown = set(fn) - {"name", "description", "parameters", "strict"}
     if unknown:
         raise ApiError(400, f"{where}.function has unknown fields {sorted(unknown)}", param="tools")
+    if params is not None:  # compiled now, as a forced call would compile it: a bad schema is a 400 here
+        with refusing("tools", f"{where} ({fn['name']}): parameters schema is invalid: "):
+            schema_to_regex(params)
     return {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
 
 
@@ -133,10 +138,13 @@ def _template_call(call: Any) -> dict[str, Any]:
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         raise ApiError(400, "each tool call needs function: {name, arguments}", param="messages")
     args = fn.get("arguments", "{}")
-    try:
-        args = json.loads(args) if isinstance(args, str) else args
-    except json.JSONDecodeError:
-        raise ApiError(400, f"the arguments of the call to {fn['name']} are not JSON", param="messages") from None
+    if isinstance(args, str):
+        with refusing("messages"):
+            check_json(args, f"function.arguments of the call to {fn['name']}")
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            raise ApiError(400, f"the arguments of the call to {fn['name']} are not JSON", param="messages") from None
     return {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
