@@ -12,37 +12,35 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections import OrderedDict
 from typing import Any
+
+from arbor.runtime.server.answer_ids import MAX_BYTES, AnswerIds
 
 
 class ChatTokenizer:
-    """Applies the chat template and splices remembered assistant token ids (bounded LRU)."""
+    """Applies the chat template and splices remembered assistant token ids (per tenant,
+    bounded in bytes: AnswerIds)."""
 
-    def __init__(self, tokenizer: Any, capacity: int = 8192) -> None:
+    def __init__(self, tokenizer: Any, max_bytes: int = MAX_BYTES) -> None:
         self.tokenizer = tokenizer
-        self.capacity = capacity
-        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._ids = AnswerIds(max_bytes)
 
-    def remember(self, text: str, ids: list[int]) -> None:
-        """Record that the model produced `ids` for the assistant text `text`."""
-        if not text:
-            return
-        self._ids[text] = list(ids)
-        self._ids.move_to_end(text)
-        while len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
+    def remember(self, text: str, ids: list[int], tenant: str | None = None) -> None:
+        """Record that the model produced `ids` for `tenant`'s assistant text `text`."""
+        if text:
+            self._ids.put(tenant, text, ids)
 
-    def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+               tenant: str | None = None) -> list[int]:
         """Token ids of the conversation (and the tools, which the template renders) followed
-        by the assistant generation prompt."""
+        by the assistant generation prompt; only `tenant`'s remembered answers are spliced."""
         # A fresh random mark per call: chat text cannot spell a placeholder, so whatever it
         # holds (private-use characters included) renders and tokenizes as the text it is.
         mark = f"\ue000{secrets.token_hex(8)}:"
         spliced: list[list[int]] = []
         rendered = []
         for m in messages:
-            known = self._ids.get(m["content"]) if m["role"] == "assistant" and "tool_calls" not in m else None
+            known = self._ids.get(tenant, m["content"]) if m["role"] == "assistant" and "tool_calls" not in m else None
             if known is not None:
                 m = {**m, "content": f"{mark}{len(spliced)}\ue001"}
                 spliced.append(known)

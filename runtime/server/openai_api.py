@@ -86,9 +86,10 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
                   | _constraint(regex=body.regex, ebnf=body.ebnf) | (tools.constraint() if tools else {}))
         if not body.messages:
             raise ApiError(400, "messages is empty; give at least one message", param="messages")
-        ids = await state.encode_chat([_message(m) for m in body.messages], tools.template_tools() if tools else None)
-        k = (top or 0) if body.logprobs else None
         caller = caller_of(request)
+        ids = await state.encode_chat([_message(m) for m in body.messages], tools.template_tools() if tools else None,
+                                      caller.tenant)
+        k = (top or 0) if body.logprobs else None
         one = _input(ids, params, body.stream, k, state.salt(caller, body.cache_salt, body.extra_key), body.rid,
                      caller.tenant, _bootstrap(state, request, body, 1))
         # require_reasoning (with --reasoning-parser): a constraint (response_format, a forced tool
@@ -104,7 +105,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
             return await sse(_stream_chat(state, prepared[0], meta, k, usage, shape))
         results = await state.collect(request, prepared)
         for out in results[0]:
-            _remember(state, out)
+            _remember(state, out, caller.tenant)
         choices = [_chat_choice(o.index or 0, o, k, shape) for o in results[0]]
         usage = _usage(results, state.args.enable_cache_report)
         return JSONResponse({**meta.head("chat.completion"), "choices": choices, "usage": usage})
@@ -206,15 +207,15 @@ def _message(m: Any) -> dict[str, Any]:
     return template_message(m, content or "")
 
 
-def _remember(state: ServerState, out: GenerateOutput) -> None:
-    """Keep the ids behind an assistant answer, so the next turn's prompt reuses its KV."""
+def _remember(state: ServerState, out: GenerateOutput, tenant: str | None) -> None:
+    """Keep the ids behind `tenant`'s assistant answer, so its next turn's prompt reuses its KV."""
     reason = out.meta_info.finish_reason
     ids = out.output_ids
     if isinstance(reason, FinishStop) and isinstance(reason.matched, int) and ids and ids[-1] == reason.matched:
         ids = ids[:-1]  # the template writes the end-of-turn token itself
     elif not isinstance(reason, FinishLength):
         return  # cut by a stop string: text and ids no longer line up
-    state.chat.remember(out.text, ids)
+    state.chat.remember(out.text, ids, tenant)
 
 
 # ----------------------------------------------------------------- responses
@@ -372,7 +373,7 @@ async def _stream_chat(
                                         "logprobs": _chat_logprobs(out.meta_info, k), "finish_reason": None}]}
         if reason is not None:
             finals[index] = out
-            _remember(state, out)
+            _remember(state, out, prepared.owner)
             for call in split.tool_deltas():
                 yield {**head, "choices": [{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None,
                                             "finish_reason": None}]}

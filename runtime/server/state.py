@@ -150,9 +150,10 @@ class ServerState:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.tokenizer_thread, front.prepare_batch, inputs)
 
-    async def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """Token ids of a chat prompt (with the tools the template renders): refused before
-        the template when it surely cannot fit, tokenized on the tokenizer thread when long."""
+    async def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                          tenant: str | None = None) -> list[int]:
+        """Token ids of `tenant`'s chat prompt (with the tools the template renders): refused
+        before the template when it surely cannot fit, tokenized on the tokenizer thread when long."""
         front = self.front()
         chars = sum(len(m["content"]) for m in messages) + (len(json.dumps(tools)) if tools else 0)
         most = front.info["context_length"] * front.max_token_chars
@@ -161,9 +162,9 @@ class ServerState:
                 raise ValueError(f"the messages hold {chars} characters, more than {most}, which cannot fit the "
                                  f"context length of {front.info['context_length']} tokens; shorten them")
             if chars <= INLINE_TOKENIZE_CHARS:
-                return self.chat.encode(messages, tools)
+                return self.chat.encode(messages, tools, tenant)
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.tokenizer_thread, self.chat.encode, messages, tools)
+            return await loop.run_in_executor(self.tokenizer_thread, self.chat.encode, messages, tools, tenant)
 
     def check_capacity(self, count: int) -> None:
         """429 when `count` more requests would pass max_concurrent_requests (checked before a
