@@ -9,6 +9,25 @@ import json
 import pytest
 
 LONG = "x" * 300_000
+DEEP = 5000  # far past Python's recursion limit: every parser that recursed would fail
+
+
+def _deep(opener: str, leaf: str, closer: str) -> str:
+    return opener * DEEP + leaf + closer * DEEP
+
+
+DEEP_ARRAY = _deep("[", '"x"', "]")
+DEEP_SCHEMA = _deep('{"type": "array", "items": ', '{"type": "integer"}', "}")
+DEEP_GROUPS = _deep("(", "a", ")")
+CHAT = '"messages": [{"role": "user", "content": "a"}]'
+
+
+def _tool(params: dict, choice: object = "required") -> dict:
+    return {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "tool_choice": choice,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", **params}}}]}
+
+
+NAMED = {"type": "function", "function": {"name": "f"}}
 BAD_INPUTS = [
     # (description, method, path, body or raw bytes, status, message fragment)
     ("malformed JSON", "POST", "/generate", b"{not json", 400, "not valid JSON"),
@@ -156,16 +175,63 @@ BAD_INPUTS = [
     ("non-local $ref", "POST", "/generate",
      {"text": "a", "sampling_params": {"json_schema": {"$ref": "http://x/y.json"}}}, 400, "not local"),
     ("unknown route", "GET", "/v2/everything", None, 404, "no route"),
+    # nesting: checked before anything recurses (deep JSON is sent as raw bytes: json.dumps recurses too)
+    ("body nested 5000 deep", "POST", "/generate", DEEP_ARRAY.encode(), 400, "the limit is 64"),
+    ("sampling_params nested 5000 deep", "POST", "/generate",
+     f'{{"text": "a", "sampling_params": {{"stop": {DEEP_ARRAY}}}}}'.encode(), 400, "at sampling_params.stop"),
+    ("regex nested 5000 deep", "POST", "/generate", {"text": "a", "sampling_params": {"regex": DEEP_GROUPS}}, 400,
+     "regex nests groups 5000 levels deep; the limit is 64"),
+    ("json_schema nested 5000 deep", "POST", "/generate",
+     f'{{"text": "a", "sampling_params": {{"json_schema": {DEEP_SCHEMA}}}}}'.encode(), 400,
+     "at sampling_params.json_schema"),
+    ("json_schema text nested 5000 deep", "POST", "/generate", {"text": "a", "sampling_params": {
+        "json_schema": DEEP_SCHEMA}}, 400, "json_schema nests arrays and objects 5001 levels deep"),
+    ("json_schema pattern nested 5000 deep", "POST", "/generate", {"text": "a", "sampling_params": {
+        "json_schema": {"type": "string", "pattern": DEEP_GROUPS}}}, 400, "pattern nests groups"),
+    ("structural_tag text nested 5000 deep", "POST", "/generate", {"text": "a", "sampling_params": {
+        "structural_tag": DEEP_ARRAY}}, 400, "structural_tag nests"),
+    ("response_format schema nested 5000 deep", "POST", "/v1/chat/completions",
+     f'{{{CHAT}, "response_format": {{"type": "json_schema", "json_schema": {{"name": "x", "schema": {DEEP_SCHEMA}}}}}}}'
+     .encode(), 400, "at response_format.json_schema.schema"),
+    ("chat content part nested 5000 deep", "POST", "/v1/chat/completions",
+     f'{{"messages": [{{"role": "user", "content": [{{"type": "text", "text": {DEEP_ARRAY}}}]}}]}}'.encode(), 400,
+     "at messages[0].content[0].text"),
+    ("tool-call arguments nested 5000 deep", "POST", "/v1/chat/completions", {"model": "MODEL", "messages": [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP_ARRAY}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "b"}]}, 400, "function.arguments of the call to f nests"),
+    ("json_schema with an infinite bound", "POST", "/generate", {"text": "a", "sampling_params": {
+        "json_schema": '{"type": "number", "minimum": 1e400}'}}, 400, "must be a finite number"),
+    # invalid tool parameter schemas: a 400 naming the tool, whatever tool_choice is
+    ("tool schema of an unknown type", "POST", "/v1/chat/completions",
+     _tool({"properties": {"a": {"type": "frob"}}}), 400, "tools[0] (f): parameters schema is invalid: unknown type"),
+    ("tool schema with a dangling $ref", "POST", "/v1/chat/completions",
+     _tool({"properties": {"a": {"$ref": "#/$defs/missing"}}}, NAMED), 400, "tools[0] (f): parameters schema"),
+    ("tool schema with contradictory bounds", "POST", "/v1/chat/completions",
+     _tool({"properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]}), 400,
+     "minimum 5 is above maximum 1"),
+    ("tool schema properties a list", "POST", "/v1/chat/completions", _tool({"properties": [{"a": 1}]}, NAMED), 400,
+     "is not of type 'object' (at properties)"),
+    ("tool schema required a number", "POST", "/v1/chat/completions",
+     _tool({"properties": {"a": {"type": "string"}}, "required": 5}), 400, "is not of type 'array' (at required)"),
+    ("tool schema invalid under auto", "POST", "/v1/chat/completions",
+     _tool({"properties": {"a": {"type": "frob"}}}, "auto"), 400, "tools[0] (f): parameters schema is invalid"),
 ]
+
+
+def test_no_bad_input_is_expected_to_get_a_5xx():
+    assert [c[0] for c in BAD_INPUTS if not 400 <= c[4] < 500] == []
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
 def test_bad_input_gets_a_clear_4xx(server, case):
-    _, method, path, body, status, fragment = case
+    name, method, path, body, status, fragment = case
     if isinstance(body, dict):
         body = json.loads(json.dumps(body).replace("MODEL", server.model))
     raw = body if isinstance(body, bytes) else None
     got, payload = server.request(method, path, None if raw else body, raw=raw)
+    assert got < 500, f"{name!r} got {got}: a 5xx is Arbor's bug, never the request's: {payload}"
     assert got == status, payload
     error = payload["error"]
     assert fragment in error["message"] and error["code"] == status
@@ -179,3 +245,17 @@ def test_docs_list_every_bad_input_case():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
     assert [c[0] for c in BAD_INPUTS if f"| {c[0]} |" not in doc] == []
+
+
+def test_chat_text_that_spells_a_splice_placeholder_is_plain_text(server):
+    # The chat tokenizer splices a remembered answer's ids in at a private-use mark; chat text
+    # that spells such marks (and the turn after a remembered answer, which is spliced) is text.
+    forged = "\ue0000\ue001 \ue00099\ue001 \ue000"
+    ask = {"model": server.model, "max_tokens": 4, "temperature": 0}
+    first = server.request("POST", "/v1/chat/completions", {**ask, "messages": [{"role": "user", "content": forged}]})
+    assert first[0] == 200, first[1]
+    answer = first[1]["choices"][0]["message"]["content"]
+    messages = [{"role": "user", "content": forged}, {"role": "assistant", "content": answer},
+                {"role": "user", "content": forged}]
+    got, payload = server.request("POST", "/v1/chat/completions", {**ask, "messages": messages})
+    assert got == 200, payload
