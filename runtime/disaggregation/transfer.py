@@ -81,7 +81,8 @@ class NixlTransfer:
     def stage(self, rows: int) -> Staging:
         """A staging buffer for `rows` tokens, registered alone; its layout goes in the pull."""
         layers = len(self.pool.k)
-        buffer = torch.empty((2, layers, max(rows, 1), self.slot_bytes), dtype=torch.uint8, device=self.pool.k[0].device)
+        # Zeroed: a peer that reads its room's buffer must find nothing of this process's past in it.
+        buffer = torch.zeros((2, layers, max(rows, 1), self.slot_bytes), dtype=torch.uint8, device=self.pool.k[0].device)
         registered = self.agent.register_memory([buffer])
         metadata = self.agent.get_partial_agent_metadata(registered, inc_conn_info=True, backends=["UCX"])
         layout = PoolLayout(agent=self.name, metadata=metadata, k_ptrs=[buffer[0, i].data_ptr() for i in range(layers)],

@@ -73,7 +73,9 @@ class Metrics:
             ("kv_transfers", "KV transfers finished (sent or received)."),
             ("kv_transfer_bytes", "Bytes of KV sent to decode workers, or received from prefill workers."),
             ("kv_transfer_seconds", "Seconds KV transfers took, summed; divided by kv_transfers, the mean."),
-            ("kv_transfer_failures", "KV transfers that failed, timed out or were refused."))}
+            ("kv_transfer_failures", "KV transfers that failed, timed out or were refused."),
+            ("bootstrap_rejected", "Bootstrap messages and transfer notifications dropped: unsigned, malformed, "
+                                   "or for no pull of their sender."))}
 
     async def timed(self, outputs: AsyncIterator[GenerateOutput], streamed: bool) -> AsyncIterator[GenerateOutput]:
         """Pass outputs through, observing latencies and counting tokens of finished samples.

@@ -6,8 +6,10 @@ transfer ends its request with a clear error and leaks no slot on either side.""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import http.client
 import json
+import os
 import re
 import signal
 import time
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+import torch
 
 from tests.ecosystem.conftest import KEY, start_router, stop_router
 from tests.server.conftest import Server, _free_port, start_server, stop_process, stop_server
@@ -25,10 +28,11 @@ SECRET = "pd-secret-for-tests-0123456789"  # shared by the router and both worke
 TENANT = "a-tenant-key"  # a client of the workers themselves, who must not steer their KV
 
 
-def _pair(model: str, *prefill_extra: str, peers: tuple[int, ...] = ()) -> tuple[Server, Server, int]:
+def _pair(model: str, *prefill_extra: str, port: int | None = None,
+          peers: tuple[int, ...] = ()) -> tuple[Server, Server, int]:
     """A prefill and a decode worker sharing SECRET; the decode worker pulls only from the
     prefill worker's bootstrap port and `peers` (ports on 127.0.0.1)."""
-    port = _free_port()
+    port = port or _free_port()
     common = ("--enable-cache-report", "--disaggregation-timeout-s", str(TIMEOUT_S))
     env = {"ARBOR_PD_SECRET": SECRET, "ARBOR_API_KEY": TENANT}
     prefill = start_server(model, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port),
@@ -44,9 +48,17 @@ def _pair(model: str, *prefill_extra: str, peers: tuple[int, ...] = ()) -> tuple
 
 
 @pytest.fixture(scope="module")
-def pd(tiny_model) -> Iterator[tuple[Server, Server, Server]]:
-    """(router, prefill, decode); the prefill worker chunks prompts at 16 tokens."""
-    prefill, decode, port = _pair(str(tiny_model("llama")), "--chunked-prefill-size", "16")
+def ports() -> tuple[int, int]:
+    """(the prefill worker's bootstrap port, a port where a fake prefill peer may listen)."""
+    return _free_port(), _free_port()
+
+
+@pytest.fixture(scope="module")
+def pd(tiny_model, ports) -> Iterator[tuple[Server, Server, Server]]:
+    """(router, prefill, decode); the prefill worker chunks prompts at 16 tokens. The decode
+    worker accepts the prefill worker and the fake peer's port as prefill peers."""
+    prefill, decode, port = _pair(str(tiny_model("llama")), "--chunked-prefill-size", "16", port=ports[0],
+                                  peers=(ports[1],))
     try:
         router = start_router([prefill], pd=(prefill, port, decode), api_key=SECRET)
     except BaseException:
@@ -192,6 +204,179 @@ def test_decode_worker_needs_bootstrap_info(pd):
     _, _, decode = pd
     status, body = _generate(decode, {"text": "Hi", "sampling_params": {"max_new_tokens": 2}})
     assert status == 400 and "bootstrap" in body["error"]["message"], body
+
+
+# --------------------------------------------------------------------------- adversaries
+
+
+def _metric(server: Server, name: str) -> float:
+    status, text = server.request("GET", "/metrics", key=SECRET)
+    assert status == 200, text
+    found = re.search(rf"^arbor_{name} (\S+)$", text, re.M)
+    assert found, text
+    return float(found.group(1))
+
+
+def test_clients_cannot_set_bootstrap_fields(pd, ports):
+    """Only the router (the PD secret) may say where a worker's KV comes from, and a decode
+    worker pulls only from its configured prefill peers."""
+    _, prefill, decode = pd
+    body = {"text": "Hi", "sampling_params": {"max_new_tokens": 2}, **_boot(ports[0], 901)}
+    for worker in (prefill, decode):
+        status, out = _generate(worker, body, TENANT)
+        assert status == 403 and "PD router" in out["error"]["message"], out
+    completion = {"model": decode.model, "prompt": "Hi", "max_tokens": 2, **_boot(ports[0], 902)}
+    status, out = decode.request("POST", "/v1/completions", completion, key=TENANT)
+    assert status == 403 and out["error"]["param"] == "bootstrap_host", out
+    status, out = _generate(decode, {**body, **_boot(1, 903)})  # the router's secret, an unknown peer
+    assert status == 403 and "prefill peers" in out["error"]["message"], out
+    _no_leak(decode, 5)
+
+
+def test_bad_frames_on_the_bootstrap_port_are_dropped(pd, ports):
+    """Malformed, truncated, oversized, unauthenticated and inconsistent frames: each dropped
+    and counted; the prefill worker keeps serving."""
+    import socket
+
+    import msgspec
+    import zmq
+
+    from arbor.runtime.disaggregation.protocol import BootstrapCodec, KVCancel, KVPull, PoolLayout
+
+    _, prefill, _ = pd
+    before = _metric(prefill, "bootstrap_rejected")
+    codec, forged = BootstrapCodec(SECRET), BootstrapCodec("not-the-secret-0123456789")
+    layout = PoolLayout(agent="x", metadata=b"", k_ptrs=[1], v_ptrs=[1], slot_bytes=64, slots=4, mem_type="DRAM")
+    pull = KVPull(room=77, layout=layout, skip=0, kv_len=4, tokens_crc=0, nonce=b"n" * 16)
+    mac, payload = codec.encode(pull)
+    bad = [
+        [b"garbage"],  # one frame
+        [b"\x00" * 32, msgspec.msgpack.encode(pull)],  # unsigned
+        [mac, payload[:-3]],  # truncated
+        [mac, payload, b"extra"],  # a frame too many
+        forged.encode(KVCancel(room=77)),  # signed with another secret
+        codec.sealer.seal(msgspec.msgpack.encode(msgspec.structs.replace(pull, skip=9))),  # signed, inconsistent
+        codec.sealer.seal(msgspec.msgpack.encode({"type": "KVPull", "room": "x"})),  # signed, mistyped
+    ]
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(f"tcp://127.0.0.1:{ports[0]}")
+        for frames in bad:
+            sock.send_multipart(frames)
+        sock.send_multipart([b"\x00" * 32, b"\x00" * (2 << 20)])  # oversized: the peer is dropped
+    finally:
+        ctx.destroy(linger=0)
+    with socket.create_connection(("127.0.0.1", ports[0]), timeout=5) as raw:  # not even ZMTP
+        raw.sendall(b"\xff" * 4096 + bytes(range(256)) * 16)
+    deadline = time.monotonic() + 10
+    while _metric(prefill, "bootstrap_rejected") < before + len(bad):
+        assert time.monotonic() < deadline, "the prefill worker did not count the bad frames"
+        time.sleep(0.2)
+    assert prefill.request("GET", "/health", key=None)[0] == 200
+
+
+def test_a_fake_prefill_peer_can_neither_finish_a_room_nor_reach_beyond_it(pd, ports, monkeypatch):
+    """A peer without the secret gets a pull: its forged replies and notifications are dropped,
+    NIXL refuses it any memory outside the room's staging buffer, and the request ends at
+    the timeout without ever decoding unwritten KV."""
+    import msgspec
+    import zmq
+    from nixl._api import nixl_agent, nixl_agent_config
+
+    from arbor.runtime.disaggregation.protocol import BootstrapCodec, KVDone, KVFailed, KVPull
+
+    _, _, decode = pd
+    before = _metric(decode, "bootstrap_rejected")
+    ctx = zmq.Context()
+    fake = ctx.socket(zmq.ROUTER)
+    fake.setsockopt(zmq.LINGER, 0)
+    fake.bind(f"tcp://127.0.0.1:{ports[1]}")
+    body = {"text": "word " * 40, "sampling_params": {"max_new_tokens": 4}, **_boot(ports[1], 904)}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(_generate, decode, body)
+        assert fake.poll(20_000), "the decode worker never asked the fake peer"
+        peer, _, payload = fake.recv_multipart()
+        pull = msgspec.msgpack.decode(payload, type=KVPull)  # read without the secret
+        forged = BootstrapCodec("not-the-secret-0123456789")
+        done = KVDone(room=pull.room, nonce=pull.nonce, agent="fake", kv_len=pull.kv_len, token=1)
+        fake.send_multipart([peer, *forged.encode(KVFailed(room=pull.room, message="forged"))])
+        fake.send_multipart([peer, b"\x00" * 32, msgspec.msgpack.encode(done)])
+        monkeypatch.setenv("UCX_NET_DEVICES", "lo")
+        agent = nixl_agent("fake", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
+        agent.add_remote_agent(pull.layout.metadata)
+        agent.send_notif(pull.layout.agent, forged.encode_done(done))
+        agent.send_notif(pull.layout.agent, b"\x00" * 32 + msgspec.msgpack.encode(done))
+        local = torch.zeros(1 << 16, dtype=torch.uint8)
+        agent.register_memory([local])
+        size = pull.layout.slot_bytes * pull.layout.slots
+        outside = [pull.layout.k_ptrs[0] - 4096, pull.layout.v_ptrs[-1] + size, pull.layout.v_ptrs[-1] + size // 2]
+        for address in outside:  # before, after, and straddling the end of the room's rows
+            with pytest.raises(Exception, match="NOT_FOUND"):
+                agent.initialize_xfer("READ", agent.get_xfer_descs([(local.data_ptr(), size, 0)], "DRAM"),
+                                      agent.get_xfer_descs([(address, size, 0)], "DRAM"), pull.layout.agent)
+        deadline = time.monotonic() + TIMEOUT_S
+        while _metric(decode, "bootstrap_rejected") < before + 4:  # 2 replies, 2 notifications
+            assert time.monotonic() < deadline, "the decode worker did not count the forgeries"
+            agent.get_new_notifs()  # progresses the fake agent's sends (it has no progress thread)
+            time.sleep(0.05)
+        status, out = waiting.result(timeout=6 * TIMEOUT_S)
+    ctx.destroy(linger=0)
+    assert status == 504 and "did not arrive" in out["error"]["message"], out
+    _no_leak(decode, 2 * TIMEOUT_S)
+
+
+def _listening(pid: int) -> list[str]:
+    """Local addresses of the TCP sockets listening, and UDP sockets bound, in `pid` and its descendants."""
+    from pathlib import Path
+
+    pids, inodes = [pid], set()
+    while pids:
+        p = pids.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            pids += [int(c) for c in (task / "children").read_text().split()]
+        for fd in Path(f"/proc/{p}/fd").glob("*"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    found = []
+    for table, listening in (("tcp", "0A"), ("tcp6", "0A"), ("udp", None), ("udp6", None)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            cols = line.split()
+            if cols[9] in inodes and (listening is None or cols[3] == listening):
+                found.append(f"{table} {_address(cols[1])}")
+    return found
+
+
+def _address(hex_address: str) -> str:
+    import ipaddress
+    import struct
+
+    host, port = hex_address.split(":")
+    raw = bytes.fromhex(host)
+    words = struct.unpack(f"<{len(raw) // 4}I", raw)  # /proc/net writes each 32-bit word host-endian
+    packed = b"".join(struct.pack(">I", w) for w in words)
+    return f"{ipaddress.ip_address(packed)}:{int(port, 16)}"
+
+
+def test_no_worker_listens_beyond_loopback(pd):
+    """HTTP, bootstrap and NIXL/UCX sockets of both workers (and their processes) bind loopback."""
+    import ipaddress
+
+    _, prefill, decode = pd
+    for worker in (prefill, decode):
+        found = _listening(worker.proc.pid)
+        assert found, "no listening socket found at all"
+        wide = [a for a in found if not ipaddress.ip_address(a.split()[1].rsplit(":", 1)[0]).is_loopback]
+        assert not wide, found
+
+
+def test_after_the_adversaries_pd_still_equals_a_single_worker(pd, sglang_server):
+    test_mixed_batch_equals_a_single_worker(pd, sglang_server)
+    _no_leak(pd[1], 10)
+    _no_leak(pd[2], 10)
 
 
 # --------------------------------------------------------------------------- failures
