@@ -26,7 +26,9 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import random
+import secrets
 import socket
 import statistics
 import subprocess
@@ -58,11 +60,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# The PD secret that the router (its --api-key) and both workers share; in the environment,
+# which every process started here inherits, never on a command line.
+SECRET = os.environ.setdefault("ARBOR_PD_SECRET", secrets.token_hex(32))
+_KEYED_LAUNCH = ("import os, sys; from sglang_router.launch_router import main; "
+                 "sys.argv += ['--api-key', os.environ['ARBOR_PD_SECRET']]; main()")
+AUTH = {"Authorization": f"Bearer {SECRET}"}
+
+
 def start_router(workers: list[int], pd: tuple[int, int, int] | None = None) -> tuple[subprocess.Popen, int]:
     """sglang-router on 127.0.0.1 over worker ports; `pd` = (prefill port, its bootstrap port,
-    decode port) for PD mode."""
+    decode port) for PD mode, where it presents the PD secret to the workers (and asks its
+    clients for it)."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+    launch = ["-c", _KEYED_LAUNCH] if pd else ["-m", "sglang_router.launch_router"]
+    cmd = [sys.executable, *launch, "--host", "127.0.0.1", "--port", str(port),
            "--policy", "round_robin", "--log-level", "warn", "--prometheus-host", "127.0.0.1",
            "--prometheus-port", str(_free_port())]
     if pd is None:
@@ -74,7 +86,7 @@ def start_router(workers: list[int], pd: tuple[int, int, int] | None = None) -> 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # listening, with its workers registered
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json().get("data"):
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=AUTH, timeout=5).json().get("data"):
                 return proc, port
         except (httpx.TransportError, ValueError):
             pass
@@ -84,7 +96,7 @@ def start_router(workers: list[int], pd: tuple[int, int, int] | None = None) -> 
 
 
 def stats(port: int) -> dict[str, float]:
-    return httpx.get(f"http://127.0.0.1:{port}/get_server_info", timeout=10).json()["stats"]
+    return httpx.get(f"http://127.0.0.1:{port}/get_server_info", headers=AUTH, timeout=10).json()["stats"]
 
 
 # --------------------------------------------------------------- workload
@@ -104,7 +116,7 @@ async def one(port: int, ids: list[int], new: int, delay: float) -> dict[str, An
     await asyncio.sleep(delay)
     t0 = time.perf_counter()
     times, events = await stream(port, "/generate", {"input_ids": ids, "stream": True, "sampling_params": {
-        "max_new_tokens": new, "temperature": 0, "ignore_eos": True}})
+        "max_new_tokens": new, "temperature": 0, "ignore_eos": True}}, SECRET)
     if not events or "output_ids" not in events[-1]:
         raise RuntimeError(f"a request failed: {events[-1] if events else 'no events'}")
     tokens = len(events[-1]["output_ids"])
@@ -164,7 +176,7 @@ def run_system(name: str, model: Path, dtype: str, reqs: list, rate: float, idle
         return row
     finally:
         for proc in reversed(procs):
-            if proc.args[1:3] == ["-m", "sglang_router.launch_router"]:
+            if "sglang_router" in " ".join(proc.args[1:3]):
                 proc.terminate()
                 proc.wait(10)
             else:

@@ -66,11 +66,14 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-async def stream(port: int, path: str, body: dict[str, Any]) -> tuple[list[float], list[dict[str, Any]]]:
-    """POST a streaming request; the arrival time of each `data:` event and the events."""
+async def stream(port: int, path: str, body: dict[str, Any],
+                 key: str | None = None) -> tuple[list[float], list[dict[str, Any]]]:
+    """POST a streaming request (with `key` as its bearer token); the arrival time of each
+    `data:` event and the events."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = json.dumps(body).encode()
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     await writer.drain()
     times, events = [], []
