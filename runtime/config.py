@@ -116,6 +116,11 @@ class ServerArgs:
         60.0, "Longest a request body may take in all, however steadily it trickles in (408 after it)."
     )
     keep_alive_timeout_s: int = _opt(5, "Idle keep-alive connections close after this many seconds.")
+    health_heartbeat_timeout_s: float = _opt(
+        20.0, "/health answers 503 naming the process when the scheduler's or the detokenizer's loop has not "
+        "come around for this many seconds (one stuck step, or a stopped process); idle loops come around "
+        "every second, so an idle server stays healthy."
+    )
     grammar_backend: str = _opt(
         "outlines", "What compiles constraints and writes their masks: outlines (Arbor's JSON-schema->regex on "
         "outlines-core's automaton; budget-aware closing of JSON), xgrammar or llguidance (pushdown automata: "
@@ -247,6 +252,8 @@ class ServerArgs:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.health_heartbeat_timeout_s < 2:  # idle loops beat once a second
+            raise ValueError(f"health_heartbeat_timeout_s must be >= 2, got {self.health_heartbeat_timeout_s}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.chunked_prefill_size < 0 or self.max_prefill_tokens < 1:

@@ -10,6 +10,7 @@ from typing import Any
 import zmq
 
 from arbor.grammar.linear_regex import compile_linear
+from arbor.runtime.heartbeat import Heartbeat
 from arbor.runtime.ipc import Puller, Pusher
 from arbor.runtime.messages import (
     AbortReq,
@@ -139,8 +140,9 @@ def _find_stop(s: _Stream, opts: OutputOptions) -> tuple[int, int, str] | None:
     return min(hits) if hits else None
 
 
-def run_detokenizer(tokenizer_path: str, endpoints: dict[str, str]) -> None:
-    """Process entry: detokenize until a ShutdownReq, or until the parent process is gone."""
+def run_detokenizer(tokenizer_path: str, endpoints: dict[str, str], heartbeat: Heartbeat) -> None:
+    """Process entry: detokenize until a ShutdownReq, or until the parent process is gone;
+    `heartbeat` beats each time the loop comes around (at least every second)."""
     logging.basicConfig(level=logging.INFO, format="[detokenizer] %(levelname)s %(message)s")
     ctx = zmq.Context()
     inbox = Puller(ctx, endpoints["detokenizer"], ToDetokenizer)
@@ -157,6 +159,7 @@ def run_detokenizer(tokenizer_path: str, endpoints: dict[str, str]) -> None:
     front.send(Ready(process="detokenizer"))
     try:
         while True:
+            heartbeat.beat()
             msg = inbox.recv(timeout_ms=1000)
             if msg is None:
                 if os.getppid() != parent:

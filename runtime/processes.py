@@ -17,6 +17,7 @@ import sys
 import msgspec
 
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.heartbeat import Heartbeat, HeartbeatBoard
 from arbor.runtime.ipc import IpcDir
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class ChildSpec(msgspec.Struct, kw_only=True):
     endpoints: dict[str, str]
     rank: int = 0  # tensor-parallel rank (the scheduler is rank 0)
     tp_port: int = 0  # the tensor-parallel process group's rendezvous port on 127.0.0.1
+    heartbeat: str  # the heartbeat slots' file (runtime/heartbeat.py)
 
 
 class ChildProcesses:
@@ -46,11 +48,12 @@ class ChildProcesses:
         self.ipc = IpcDir()
         ranks = [tp_endpoint(r) for r in range(1, args.tp_size)]
         self.endpoints = {name: self.ipc.endpoint(name) for name in (*ENDPOINTS, *ranks)}
+        self.heartbeats = HeartbeatBoard(self.ipc.path / "heartbeat")
         # The children never see the API key, and get their spec on stdin, not in argv
         # (which every local user can read in the process list).
         self.spec = ChildSpec(args=dataclasses.replace(args, api_key=None, api_key_file=None, admin_api_key_file=None),
                               model_path=model_path, tokenizer_path=tokenizer_path, endpoints=self.endpoints,
-                              tp_port=free_port() if args.tp_size > 1 else 0)
+                              tp_port=free_port() if args.tp_size > 1 else 0, heartbeat=str(self.heartbeats.path))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> None:
@@ -69,6 +72,10 @@ class ChildProcesses:
             if proc.poll() is not None:
                 return f"the {name} process exited unexpectedly (exit code {proc.returncode})"
         return None
+
+    def stalled(self, timeout_s: float) -> str | None:
+        """A message naming a child whose loop has made no progress in `timeout_s`, or None."""
+        return self.heartbeats.stalled(timeout_s)
 
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self.procs.items()}
@@ -91,6 +98,7 @@ class ChildProcesses:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+        self.heartbeats.close()
         self.ipc.close()
 
 
@@ -110,7 +118,8 @@ def _main(role: str, raw: bytes) -> None:
     if role == "scheduler":
         from arbor.runtime.scheduler.process import run_scheduler
 
-        run_scheduler(spec.args, spec.model_path, spec.tokenizer_path, spec.endpoints, spec.tp_port)
+        run_scheduler(spec.args, spec.model_path, spec.tokenizer_path, spec.endpoints, Heartbeat(spec.heartbeat, role),
+                      spec.tp_port)
     elif role == "tp_worker":
         from arbor.runtime.scheduler.tensor_parallel import run_follower
 
@@ -118,7 +127,7 @@ def _main(role: str, raw: bytes) -> None:
     elif role == "detokenizer":
         from arbor.runtime.detokenizer import run_detokenizer
 
-        run_detokenizer(spec.tokenizer_path, spec.endpoints)
+        run_detokenizer(spec.tokenizer_path, spec.endpoints, Heartbeat(spec.heartbeat, role))
     else:
         raise SystemExit(f"unknown role {role!r}; expected scheduler, detokenizer or tp_worker")
 

@@ -9,6 +9,7 @@ import torch.distributed
 import zmq
 
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.heartbeat import Heartbeat
 from arbor.runtime.ipc import Puller, Pusher
 from arbor.runtime.messages import (
     AbortReq,
@@ -32,9 +33,10 @@ GRAMMAR_POLL_MS = 2
 
 
 def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoints: dict[str, str],
-                  tp_port: int = 0) -> None:
-    """Process entry: load the model, announce readiness, then loop until shut down. With
-    --tp-size N this is rank 0, and `tp_port` the process group's rendezvous port."""
+                  heartbeat: Heartbeat, tp_port: int = 0) -> None:
+    """Process entry: load the model, announce readiness, then loop until shut down, beating
+    `heartbeat` each time the loop comes around. With --tp-size N this is rank 0, and
+    `tp_port` the process group's rendezvous port."""
     logging.basicConfig(level=args.log_level.upper(), format="[scheduler] %(levelname)s %(message)s")
     ctx = zmq.Context()
     inbox = Puller(ctx, endpoints["scheduler"], ToScheduler)
@@ -59,7 +61,7 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
         "vocab_size": runner.config.vocab_size, "max_running_requests": args.max_running_requests,
     }))
     try:
-        _loop(sched, inbox, out, os.getppid())
+        _loop(sched, inbox, out, os.getppid(), heartbeat)
     except Exception as exc:
         logger.exception("scheduler loop failed")
         _report(ctx, endpoints, exc)
@@ -83,16 +85,17 @@ def _report(ctx: zmq.Context, endpoints: dict[str, str], exc: Exception) -> None
     front.close()
 
 
-def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int) -> None:
+def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int, heartbeat: Heartbeat) -> None:
     checked_idle = True
     while True:
+        heartbeat.beat()
         if sched.busy:
             msgs = inbox.drain()
         elif sched.has_work:  # only grammars compiling: poll, do not spin
             msg = inbox.recv(timeout_ms=GRAMMAR_POLL_MS)
             msgs = [] if msg is None else [msg, *inbox.drain()]
         else:
-            msgs = _wait(inbox, parent, sched.wake_sockets())
+            msgs = _wait(inbox, parent, sched.wake_sockets(), heartbeat)
         if msgs is None:
             return
         outs = []
@@ -120,13 +123,14 @@ def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int) -> None:
                 logger.error("INVARIANT VIOLATED: %s", problem)
 
 
-def _wait(inbox: Puller, parent: int, others: list[zmq.Socket]) -> list | None:
+def _wait(inbox: Puller, parent: int, others: list[zmq.Socket], heartbeat: Heartbeat) -> list | None:
     """Block until messages arrive (an empty list when only `others`, the scheduler's own
-    sockets, have some); None once the parent process is gone."""
+    sockets, have some); None once the parent process is gone. Idle is progress: it beats."""
     poller = zmq.Poller()
     for sock in (inbox.sock, *others):
         poller.register(sock, zmq.POLLIN)
     while True:
+        heartbeat.beat()
         ready = dict(poller.poll(IDLE_POLL_MS))
         if inbox.sock in ready:
             return inbox.drain()

@@ -67,7 +67,10 @@ def create_app(args: ServerArgs) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        state.front()
+        """503 while the runtime is down or a process has stopped making progress (heartbeats)."""
+        stalled = state.front().children.stalled(args.health_heartbeat_timeout_s)
+        if stalled is not None:
+            raise ApiError(503, f"the runtime is not making progress: {stalled}", "server_error")
         return JSONResponse({"status": "ok"})
 
     guarded = APIRouter(dependencies=[Depends(_auth(state.keys))])

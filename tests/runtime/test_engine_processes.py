@@ -30,7 +30,7 @@ def test_shutdown_leaves_no_processes_or_socket_files(tiny_model):
     engine = Engine(str(tiny_model("llama")), dtype="float32")
     socket_dir = engine.children.ipc.path
     assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
-    assert sorted(p.name for p in socket_dir.iterdir()) == ["detokenizer", "front", "scheduler"]
+    assert sorted(p.name for p in socket_dir.iterdir()) == ["detokenizer", "front", "heartbeat", "scheduler"]
     pids = engine.children.pids()
     assert len(engine.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 2})["output_ids"]) <= 2
     engine.shutdown()
