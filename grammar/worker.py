@@ -10,6 +10,7 @@ it), never the scheduler.
 
 from __future__ import annotations
 
+import re
 import resource
 import struct
 import sys
@@ -19,6 +20,9 @@ from typing import BinaryIO
 import msgspec
 
 _HEADER = struct.Struct(">I")
+# xgrammar's log prefix, "[18:55:34] /project/cpp/grammar_parser.cc:820: ": where in its C++
+# sources it failed, which tells a client nothing and names paths of the machine that built it.
+_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 
 class WorkerInit(msgspec.Struct):
@@ -81,8 +85,13 @@ def main() -> None:
         except MemoryError:
             done = CompileDone(error="the grammar outgrew the compiler's memory limit")
         except Exception as exc:  # a constraint the backend rejects: report its words
-            done = CompileDone(error=str(exc).strip().split("\n")[0][:500] or type(exc).__name__)
+            done = CompileDone(error=_words(exc))
         write_frame(stdout, encode(done))
+
+
+def _words(exc: Exception) -> str:
+    """The first line of a backend's error, without its source location (at most 500 characters)."""
+    return _LOG_PREFIX.sub("", str(exc).strip().split("\n")[0])[:500] or type(exc).__name__
 
 
 def _outlines(blob: bytes) -> Callable[[CompileJob], CompileDone]:

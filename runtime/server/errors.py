@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from arbor.grammar.nesting import TooDeep, check_json, too_deep_path
+from arbor.runtime.server.redact import public
 
 
 class ApiError(Exception):
@@ -28,7 +29,9 @@ class ApiError(Exception):
         self.param = param
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        """The JSON a client reads; the message carries no filesystem path of the server."""
+        return {"error": {"message": public(self.message), "type": self.kind, "param": self.param,
+                          "code": self.status}}
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from arbor.runtime.server.errors import ApiError
+from arbor.runtime.server.redact import public
 from arbor.runtime.tokenizer_manager import EngineDead
 
 LOOPBACK = "127.0.0.1"  # always: the port has no key, so only this machine may reach it
@@ -64,7 +65,7 @@ class MetricsListener:
         try:
             body = await self.render()
         except (ApiError, EngineDead) as e:  # the runtime is starting or has stopped
-            return _response(503, str(e).encode() + b"\n")
+            return _response(503, public(str(e)).encode() + b"\n")
         return _response(200, body, head_only=parts[0] == b"HEAD")
 
 

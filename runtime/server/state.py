@@ -26,6 +26,7 @@ from arbor.runtime.server.bootstrap_gate import BootstrapGate
 from arbor.runtime.server.chat import ChatTokenizer
 from arbor.runtime.server.errors import ApiError, decode, refusing
 from arbor.runtime.server.metrics import Metrics
+from arbor.runtime.server.redact import hide
 from arbor.runtime.server.tenant_usage import TenantUsage
 from arbor.runtime.tokenizer_manager import EngineDead, Prepared, TokenizerManager
 
@@ -51,6 +52,8 @@ class ServerState:
         self.tokenizer_path = args.tokenizer_path or self.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
         self.model_name = args.served_model_name or Path(self.model_path).name
+        for directory in (self.model_path, self.tokenizer_path):  # errors name the model, never its directory
+            hide(directory, self.model_name)
         self.chat = ChatTokenizer(self.tokenizer)
         self.metrics = Metrics(self.model_name)
         self.usage = TenantUsage()

@@ -157,3 +157,11 @@ def test_a_trickled_body_is_cut_off_at_the_total_deadline(tenants):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 408"), answer
     assert b"--body-deadline-s" in answer and 2.5 < elapsed < 6, (answer, elapsed)
+
+
+def test_error_messages_name_no_source_file_or_directory(tenants):
+    status, body = tenants.request("POST", "/generate", {"text": "a", "sampling_params": {
+        "max_new_tokens": 2, "ebnf": 'root ::= "a" | undefined_rule'}}, key=A)
+    message = body["error"]["message"]
+    assert status == 400 and "undefined_rule" in message, body
+    assert "/" not in message and ".cc" not in message, message  # xgrammar names its C++ source file
