@@ -145,6 +145,7 @@ def check_output(constraint: Constraint | None, text: str, unenforced: list[str]
         return result
     schema = json.loads(constraint.text)
     try:
+        check_json(text, "the output")  # json.loads and the validator recurse per level
         _linear_validator(schema).validate(json.loads(text))
     except (ValueError, OverflowError, jsonschema.ValidationError, jsonschema.SchemaError) as exc:
         result.update(valid=False, error=str(exc).split("\n")[0][:300])

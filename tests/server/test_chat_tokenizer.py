@@ -17,5 +17,5 @@ def test_chat_text_cannot_spell_a_placeholder(tiny_model):
     text = tok.apply_chat_template([*messages[:1], {"role": "assistant", "content": "SPLICE"}, *messages[2:]],
                                    tokenize=False, add_generation_prompt=True)
     before, after = text.split("SPLICE")
-    expected = tok.encode(before, add_special_tokens=False) + [7, 8, 9] + tok.encode(after, add_special_tokens=False)
+    expected = [*tok.encode(before, add_special_tokens=False), 7, 8, 9, *tok.encode(after, add_special_tokens=False)]
     assert chat.encode(messages) == expected
