@@ -147,6 +147,23 @@ BAD_INPUTS = [
      "appears twice"),
     ("invalid stop_regex", "POST", "/generate", {"text": "a", "sampling_params": {"stop_regex": "(a"}}, 400,
      "stop_regex"),
+    # regexes: RE2 runs every user pattern in linear time; what needs backtracking is refused
+    ("stop_regex with lookahead", "POST", "/generate", {"text": "a", "sampling_params": {"stop_regex": "a(?=b)"}},
+     400, "need a backtracking engine"),
+    ("stop_regex with a backreference", "POST", "/generate",
+     {"text": "a", "sampling_params": {"stop_regex": ["x", r"(a)\1"]}}, 400, "backreferences"),
+    ("stop_regex over the compile budget", "POST", "/generate",
+     {"text": "a", "sampling_params": {"stop_regex": [rf"\pL{{{n}}}" for n in range(40, 46)]}}, 400,
+     "RE2 instructions in all"),
+    ("json_schema pattern with lookbehind", "POST", "/generate",
+     {"text": "a", "sampling_params": {"json_schema": {"type": "string", "pattern": "(?<=a)b"}}}, 400,
+     "json_schema pattern"),
+    ("json_schema patternProperties key with a backreference", "POST", "/generate",
+     {"text": "a", "sampling_params": {"json_schema": {"type": "object", "patternProperties": {r"(a)\1": {}}}}},
+     400, "json_schema patternProperties key"),
+    ("unevaluatedProperties beside patternProperties", "POST", "/generate", {"text": "a", "sampling_params": {
+        "json_schema": {"type": "object", "patternProperties": {"^a": {}}, "unevaluatedProperties": False}}}, 400,
+     "unevaluatedProperties together with patternProperties"),
     ("unsupported OpenAI field set", "POST", "/v1/chat/completions",
      {"model": "MODEL", "messages": [{"role": "user", "content": "a"}], "continue_final_message": True}, 400,
      "continue_final_message is not supported"),
@@ -238,6 +255,22 @@ def test_bad_input_gets_a_clear_4xx(server, case):
     ok, out = server.request("POST", "/generate", {"text": "still up", "sampling_params": {"max_new_tokens": 2}})
     assert ok == 200 and out["meta_info"]["completion_tokens"] <= 2
     assert server.request("GET", "/get_server_info")[1]["stats"]["invariant_ok"] == 1.0
+
+
+def test_a_catastrophic_stop_regex_over_a_forced_output_stalls_nobody(server):
+    # Backtracking, each pattern takes exponential time on the run of "a"s that `regex` forces.
+    import time
+
+    attack = {"text": "a", "sampling_params": {"regex": "a{200}", "stop_regex": ["(a|aa)+b$", "(a+)+b"],
+                                               "max_new_tokens": 256, "temperature": 0}}
+    started = time.perf_counter()
+    status, out = server.request("POST", "/generate", attack)
+    assert status == 200 and out["text"] == "a" * 200, out
+    assert time.perf_counter() - started < 30
+    assert server.request("GET", "/health", key=None)[0] == 200
+    started = time.perf_counter()
+    ok, out = server.request("POST", "/generate", {"text": "still up", "sampling_params": {"max_new_tokens": 2}})
+    assert ok == 200 and time.perf_counter() - started < 2.0, out
 
 
 def test_docs_list_every_bad_input_case():
