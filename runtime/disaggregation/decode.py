@@ -15,13 +15,13 @@ import logging
 import os
 import time
 import zlib
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 import zmq
 
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.disaggregation.peer_sockets import PeerSockets
 from arbor.runtime.disaggregation.protocol import (
     BootstrapCodec,
     KVCancel,
@@ -29,7 +29,6 @@ from arbor.runtime.disaggregation.protocol import (
     KVDone,
     KVPull,
 )
-from arbor.runtime.disaggregation.secret import MAC_BYTES, MAX_FRAME_BYTES
 from arbor.runtime.disaggregation.transfer import Staging, make_transfer
 from arbor.runtime.memory import KVPool
 from arbor.runtime.messages import FinishAbort
@@ -37,7 +36,7 @@ from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
-MAX_PEER_SOCKETS = 64  # prefill peers with an open socket; the least recently used one closes beyond
+MAX_PEER_SOCKETS = 64  # prefill peers with an open socket; the least recently used closes beyond (its pulls time out)
 MESSAGES_PER_STEP = 256  # replies and notifications read in one step, at most
 
 
@@ -67,7 +66,7 @@ class DecodeReceiver:
         self.counters = counters
         self.queue: list[tuple[Req, float]] = []  # (request, when it came)
         self.pulled: dict[int, _Pulled] = {}
-        self.socks: OrderedDict[tuple[str, int], zmq.Socket] = OrderedDict()  # LRU, MAX_PEER_SOCKETS at most
+        self.socks = PeerSockets(self.ctx, MAX_PEER_SOCKETS)
         self.sockets: list[zmq.Socket] = []  # replies are read each step while a pull is out
 
     @property
@@ -245,31 +244,15 @@ class DecodeReceiver:
         self.transfer.unstage(self.pulled.pop(room).staging, None)
 
     def _send(self, peer: tuple[str, int], msg: KVPull | KVCancel) -> None:
-        sock = self.socks.get(peer)
-        if sock is None:
-            self._close_idle_socket()
-            sock = self.socks[peer] = self.ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + MAC_BYTES)
-            sock.connect(f"tcp://{peer[0]}:{peer[1]}")
-        self.socks.move_to_end(peer)
+        waiting = {p.peer for p in self.pulled.values()}
+        sock = self.socks.get(peer, waiting.__contains__)
         try:
             sock.send_multipart(self.codec.encode(msg), zmq.NOBLOCK)
         except zmq.Again:
             logger.warning("the bootstrap socket of %s:%d is full; dropped a %s", *peer, type(msg).__name__)
 
-    def _close_idle_socket(self) -> None:
-        """Keep at most MAX_PEER_SOCKETS - 1 open before a new one: close the least recently
-        used whose peer owes no reply (else the least recently used: its pulls time out)."""
-        if len(self.socks) < MAX_PEER_SOCKETS:
-            return
-        waiting = {p.peer for p in self.pulled.values()}
-        peer = next((peer for peer in self.socks if peer not in waiting), next(iter(self.socks)))
-        self.socks.pop(peer).close()
-
     def close(self) -> None:
-        for sock in self.socks.values():
-            sock.close()
+        self.socks.close()
         for p in self.pulled.values():
             self.transfer.unstage(p.staging, None)
         self.transfer.close()
