@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from arbor.grammar.json_schema import RegexPlan, any_json_regex, regex_for_choices, schema_to_regex
-from arbor.grammar.linear_regex import check_schema_patterns, compile_ecma
+from arbor.grammar.linear_regex import check_schema_patterns, compile_ecma, scanner
 from arbor.grammar.nesting import check_json, check_regex
 from arbor.grammar.plan_cache import PlanCache
 from arbor.grammar.regex_parts import SchemaError
@@ -91,7 +91,7 @@ def constraint_from_params(params: dict[str, Any], backend: str = "outlines") ->
     return constraint
 
 
-_NEGATED_CLASS = re.compile(r"\[\^(?:\\.|[^\]\\])*\]")
+_NEGATED_CLASS = scanner(r"\[\^(?:\\.|[^\]\\])*\]")  # RE2: a regex of many \[^ is quadratic on re
 
 
 PLANS = PlanCache()  # this process's plans, bounded in bytes; see grammar/plan_cache.py

@@ -9,11 +9,13 @@ import re
 
 import numpy as np
 
+from arbor.grammar.linear_regex import scanner
+
 MAX_DEPTH = 64  # levels of arrays and objects in JSON, of groups in a regex
 _PATH_PARTS = 8  # a too-deep path is named down to this many keys or indices
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_STRING = scanner(rb'(?s)"[^"\\]*(?:\\.[^"\\]*)*"')  # RE2: a body of '"\\' pairs is quadratic on re
 _REGEX_ESCAPE = re.compile(r"\\.", re.S)
-_REGEX_CLASS = re.compile(r"\[\^?\]?[^\]]*\]")  # after escapes are gone: no "]" inside but a first one
+_REGEX_CLASS = scanner(r"\[\^?\]?[^\]]*\]")  # after escapes are gone: no "]" inside but a first one
 
 
 class TooDeep(ValueError):

@@ -12,7 +12,10 @@ import re
 import sys
 from pathlib import Path
 
-_SOURCE_FILE = re.compile(r"(?:/[\w.+@~-]+)*/([\w.+@~-]+\.(?:cc|cpp|cxx|c|h|hpp|cu|cuh|py|rs))\b")
+from arbor.grammar.linear_regex import scanner
+
+# RE2 (Python's re is quadratic on a message holding many "/a"); \pL\pN\pM_ is re's Unicode \w.
+_SOURCE_FILE = scanner(r"(?:/[\pL\pN\pM_.+@~-]+)*/([\pL\pN\pM_.+@~-]+\.(?:cc|cpp|cxx|c|h|hpp|cu|cuh|py|rs))\b")
 _hidden: dict[str, str] = {}  # directory -> what a client reads instead
 _pattern: re.Pattern[str] | None = None
 

@@ -69,3 +69,18 @@ def test_a_catastrophic_pattern_checks_a_long_key_in_linear_time():
     assert not bad_key["valid"] and "additional properties" in bad_key["error"]
     assert not bad_value["valid"] and "does not match" in bad_value["error"]
     assert good["valid"], good
+
+
+def test_arbor_s_own_scans_of_user_text_stay_linear():
+    # On Python's re each of these texts takes time quadratic in its length (minutes here).
+    from arbor.grammar.nesting import json_depth, regex_depth
+    from arbor.runtime.server.redact import public
+
+    n = 200_000
+    started = time.perf_counter()
+    assert json_depth(b"[" + b'"\\' * n) == 1  # a string that never closes
+    assert regex_depth("[" * n) == 0
+    assert public("/a" * n) == "/a" * n and public("at /a/b/y.py:3") == "at y.py:3"
+    with pytest.raises(ValueError, match="NUL"):
+        constraint_from_params({"regex": "\\[^" * 60_000 + "\\x00"})
+    assert time.perf_counter() - started < 2.0
