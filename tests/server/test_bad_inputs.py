@@ -1,12 +1,19 @@
-"""Bad inputs against a live server: each gets its 4xx with a message that says what to
-change (or a clean result), and afterwards the server is healthy, the KV invariant holds and
-a normal request still succeeds. docs/server.md lists every case."""
+"""Bad inputs against a live server with two tenants: each of tenant A's bad requests gets its
+4xx with a message that says what to change (or a clean result), and afterwards the server
+is healthy, the KV invariant holds and tenant B's normal request completes within 2 s.
+docs/server.md lists every case."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
 
 import pytest
+
+from tests.server.conftest import Server, start_server, stop_server
+
+TENANT_A, TENANT_B, ADMIN = "tenant-a-key", "tenant-b-key", "admin-key"
 
 LONG = "x" * 300_000
 DEEP = 5000  # far past Python's recursion limit: every parser that recursed would fail
@@ -241,36 +248,52 @@ def test_no_bad_input_is_expected_to_get_a_5xx():
     assert [c[0] for c in BAD_INPUTS if not 400 <= c[4] < 500] == []
 
 
+@pytest.fixture(scope="module")
+def tenants(tiny_model, tmp_path_factory) -> Iterator[Server]:
+    """A server with tenant keys A and B and an admin key (from files, as a deployment has them)."""
+    keys = tmp_path_factory.mktemp("keys")
+    (keys / "tenants").write_text(f"{TENANT_A}\n{TENANT_B}\n")
+    (keys / "admin").write_text(ADMIN + "\n")
+    s = start_server(str(tiny_model("llama")), "--api-key-file", str(keys / "tenants"), "--admin-api-key-file",
+                     str(keys / "admin"), "--max-body-bytes", "200000", "--enable-cache-report")
+    yield s
+    stop_server(s)
+
+
+def _other_tenant_is_served(server: Server) -> None:
+    """Tenant B's normal request completes within 2 s; the admin sees the KV invariant hold."""
+    started = time.perf_counter()
+    ok, out = server.request("POST", "/generate", {"text": "still up", "sampling_params": {"max_new_tokens": 2}},
+                             key=TENANT_B)
+    assert ok == 200 and out["meta_info"]["completion_tokens"] <= 2, out
+    assert time.perf_counter() - started < 2.0
+    assert server.request("GET", "/get_server_info", key=ADMIN)[1]["stats"]["invariant_ok"] == 1.0
+
+
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
-def test_bad_input_gets_a_clear_4xx(server, case):
+def test_bad_input_gets_a_clear_4xx(tenants, case):
     name, method, path, body, status, fragment = case
     if isinstance(body, dict):
-        body = json.loads(json.dumps(body).replace("MODEL", server.model))
+        body = json.loads(json.dumps(body).replace("MODEL", tenants.model))
     raw = body if isinstance(body, bytes) else None
-    got, payload = server.request(method, path, None if raw else body, raw=raw)
+    got, payload = tenants.request(method, path, None if raw else body, raw=raw, key=TENANT_A)
     assert got < 500, f"{name!r} got {got}: a 5xx is Arbor's bug, never the request's: {payload}"
     assert got == status, payload
     error = payload["error"]
     assert fragment in error["message"] and error["code"] == status
-    ok, out = server.request("POST", "/generate", {"text": "still up", "sampling_params": {"max_new_tokens": 2}})
-    assert ok == 200 and out["meta_info"]["completion_tokens"] <= 2
-    assert server.request("GET", "/get_server_info")[1]["stats"]["invariant_ok"] == 1.0
+    _other_tenant_is_served(tenants)
 
 
-def test_a_catastrophic_stop_regex_over_a_forced_output_stalls_nobody(server):
+def test_a_catastrophic_stop_regex_over_a_forced_output_stalls_nobody(tenants):
     # Backtracking, each pattern takes exponential time on the run of "a"s that `regex` forces.
-    import time
-
     attack = {"text": "a", "sampling_params": {"regex": "a{200}", "stop_regex": ["(a|aa)+b$", "(a+)+b"],
                                                "max_new_tokens": 256, "temperature": 0}}
     started = time.perf_counter()
-    status, out = server.request("POST", "/generate", attack)
+    status, out = tenants.request("POST", "/generate", attack, key=TENANT_A)
     assert status == 200 and out["text"] == "a" * 200, out
     assert time.perf_counter() - started < 30
-    assert server.request("GET", "/health", key=None)[0] == 200
-    started = time.perf_counter()
-    ok, out = server.request("POST", "/generate", {"text": "still up", "sampling_params": {"max_new_tokens": 2}})
-    assert ok == 200 and time.perf_counter() - started < 2.0, out
+    assert tenants.request("GET", "/health", key=None)[0] == 200
+    _other_tenant_is_served(tenants)
 
 
 def test_docs_list_every_bad_input_case():
