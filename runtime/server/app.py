@@ -5,6 +5,7 @@ The OpenAI routes live in `openai_api.py`; both share `state.py`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -112,11 +113,23 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
         """Healthy only if the engine generates: one token of a one-token prompt, greedy. It
         needs a key and counts against max_concurrent_requests, as any generation does."""
         caller = caller_of(request)
+        timeout = state.args.health_heartbeat_timeout_s
+        stalled = state.front().children.stalled(timeout)
+        if stalled is not None:
+            raise ApiError(503, f"the runtime is not making progress: {stalled}", "server_error")
         prepared = await state.prepare([GenerateInput(input_ids=[0], sampling_params={
             "max_new_tokens": 1, "temperature": 0}, cache_salt=state.salt(caller, None), owner=caller.tenant)])
-        with state.admit(1):
+
+        async def one_token() -> None:
             async for _ in state.front().run(prepared[0]):
                 pass
+
+        with state.admit(1):
+            try:  # a stall that begins now must not hang the probe either
+                await asyncio.wait_for(one_token(), timeout)
+            except asyncio.TimeoutError:
+                raise ApiError(503, f"the engine did not generate one token within {timeout:g} s "
+                                    "(--health-heartbeat-timeout-s)", "server_error") from None
         return JSONResponse({"status": "ok"})
 
     @router.post("/generate")

@@ -1,5 +1,6 @@
 """/health follows the runtime processes' heartbeats: a stopped scheduler or detokenizer makes it
-answer 503 naming the process within --health-heartbeat-timeout-s, and 200 once it runs again;
+answer 503 naming the process within --health-heartbeat-timeout-s (and /health_generate with
+it, at once), and 200 once it runs again;
 an idle server stays healthy."""
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def test_a_stopped_process_makes_health_503_and_a_resumed_one_200(launch):
         try:
             status, body = _wait_for(server, 503, TIMEOUT_S + 3)
             assert status == 503 and f"the {role} process has made no progress" in body["error"]["message"], body
+            started = time.monotonic()  # the probe that generates answers too, and does not hang
+            status, body = server.request("GET", "/health_generate")
+            assert status == 503 and time.monotonic() - started < TIMEOUT_S + 2, body
         finally:
             os.kill(pid, signal.SIGCONT)
         assert _wait_for(server, 200, 3)[0] == 200
