@@ -191,6 +191,32 @@ def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float
     return d
 
 
+def staging_cost(dtype: str, repeats: int = 15) -> dict[str, float]:
+    """What a decode worker pays per pull for never registering its pool: a zeroed staging
+    buffer for one long prompt, registered with NIXL (stage), then copied into pool slots and
+    deregistered (unstage). One thread, as a PD worker here has; medians."""
+    import torch
+
+    from arbor.runtime.disaggregation.transfer import NixlTransfer
+    from arbor.runtime.memory import KVPool
+
+    torch.set_num_threads(1)
+    head_dim = SPEC.hidden // SPEC.heads
+    pool = KVPool(10 * LONG[0], SPEC.layers, SPEC.kv_heads, head_dim, getattr(torch, dtype), torch.device("cpu"))
+    transfer = NixlTransfer(pool, "decode", "127.0.0.1", None)
+    slots = torch.randperm(pool.num_slots)[: LONG[0]]
+    stage, unstage = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        staging = transfer.stage(LONG[0])
+        t1 = time.perf_counter()
+        transfer.unstage(staging, slots)
+        stage.append(t1 - t0)
+        unstage.append(time.perf_counter() - t1)
+    transfer.close()
+    return {"stage_ms": statistics.median(stage) * 1e3, "unstage_ms": statistics.median(unstage) * 1e3}
+
+
 def tcp_bandwidth(nbytes: int, repeats: int) -> dict[str, float]:
     """Raw TCP over 127.0.0.1: one sender thread, one receiver; median of `repeats` sends."""
     server = socket.create_server(("127.0.0.1", 0))
@@ -247,6 +273,8 @@ def main() -> None:
         result["systems"][name] = run_system(name, model, dtype, reqs, args.rate, args.idle_probes)
     one_prompt = LONG[0] * result["kv_bytes_per_token"]
     result["tcp"] = tcp_bandwidth(one_prompt, repeats=9)
+    if "pd" in args.systems.split(","):
+        result["staging"] = staging_cost(dtype)
     report(result)
     if not args.quick:
         OUT.mkdir(parents=True, exist_ok=True)
@@ -283,6 +311,11 @@ def report(r: dict[str, Any]) -> None:
                       f"{mb:.2f} | {d['per_request_ms']:.2f} | {d['mb_per_s']:.0f} |")
     print(f"| raw TCP 127.0.0.1, one long prompt's KV | - | - | {t['bytes'] / 1e6:.2f} | {t['ms']:.2f} | "
           f"{t['mb_per_s']:.0f} |")
+    if "staging" in r:
+        st = r["staging"]
+        print(f"\nThe decode worker's staging buffer for one {LONG[0]}-token prompt ({t['bytes'] / 1e6:.2f} MB, one "
+              f"thread): zero + register {st['stage_ms']:.2f} ms, copy into the pool + deregister "
+              f"{st['unstage_ms']:.2f} ms")
 
 
 def chart(r: dict[str, Any]) -> None:

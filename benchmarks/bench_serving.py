@@ -73,7 +73,9 @@ async def stream(port: int, path: str, body: dict[str, Any],
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = json.dumps(body).encode()
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
-    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+    # HTTP/1.0: the answer comes without chunked transfer encoding, whose chunk-size lines
+    # would otherwise land inside an event wherever a chunk splits one (sglang-router's do).
+    writer.write(f"POST {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
     await writer.drain()
     times, events = [], []
