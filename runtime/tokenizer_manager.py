@@ -63,7 +63,7 @@ MAX_STOP_REGEX_WIDTH = 256  # a longer stop regex match may be partly streamed b
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's native default; OpenAI's "absent" is None (the context)
 # Abort status codes answered as an HTTP error rather than a finish reason: the request was
 # refused (400, 429), or its disaggregated partner or KV transfer failed (502, 503, 504).
-REFUSALS = (400, 429, 502, 503, 504)
+REFUSALS = (400, 409, 429, 502, 503, 504)
 
 
 class EngineDead(RuntimeError):

@@ -109,6 +109,12 @@ class DecodeReceiver:
         ended, now = [], time.monotonic()
         while self.queue and capacity > 0:
             req, _ = self.queue[0]
+            room = req.bootstrap.room if req.bootstrap is not None else -1
+            if room in self.pulled:  # its staging buffer and slots would be lost under the other's
+                self.queue.pop(0)
+                ended.append(_abort(req, f"bootstrap_room {room} is already in flight on this decode worker; "
+                                         "give each request its own room", 409))
+                continue
             if not self.kv.attach(req):
                 break
             if self.kv.reserve([req], [req.seq_len]) is None:

@@ -289,39 +289,43 @@ def test_a_fake_prefill_peer_can_neither_finish_a_room_nor_reach_beyond_it(pd, p
     _, _, decode = pd
     before = _metric(decode, "bootstrap_rejected")
     ctx = zmq.Context()
-    fake = ctx.socket(zmq.ROUTER)
-    fake.setsockopt(zmq.LINGER, 0)
-    fake.bind(f"tcp://127.0.0.1:{ports[1]}")
-    body = {"text": "word " * 40, "sampling_params": {"max_new_tokens": 4}, **_boot(ports[1], 904)}
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(_generate, decode, body)
-        assert fake.poll(20_000), "the decode worker never asked the fake peer"
-        peer, _, payload = fake.recv_multipart()
-        pull = msgspec.msgpack.decode(payload, type=KVPull)  # read without the secret
-        forged = BootstrapCodec("not-the-secret-0123456789")
-        done = KVDone(room=pull.room, nonce=pull.nonce, agent="fake", kv_len=pull.kv_len, token=1)
-        fake.send_multipart([peer, *forged.encode(KVFailed(room=pull.room, message="forged"))])
-        fake.send_multipart([peer, b"\x00" * 32, msgspec.msgpack.encode(done)])
-        monkeypatch.setenv("UCX_NET_DEVICES", "lo")
-        agent = nixl_agent("fake", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
-        agent.add_remote_agent(pull.layout.metadata)
-        agent.send_notif(pull.layout.agent, forged.encode_done(done))
-        agent.send_notif(pull.layout.agent, b"\x00" * 32 + msgspec.msgpack.encode(done))
-        local = torch.zeros(1 << 16, dtype=torch.uint8)
-        agent.register_memory([local])
-        size = pull.layout.slot_bytes * pull.layout.slots
-        outside = [pull.layout.k_ptrs[0] - 4096, pull.layout.v_ptrs[-1] + size, pull.layout.v_ptrs[-1] + size // 2]
-        for address in outside:  # before, after, and straddling the end of the room's rows
-            with pytest.raises(Exception, match="NOT_FOUND"):
-                agent.initialize_xfer("READ", agent.get_xfer_descs([(local.data_ptr(), size, 0)], "DRAM"),
-                                      agent.get_xfer_descs([(address, size, 0)], "DRAM"), pull.layout.agent)
-        deadline = time.monotonic() + TIMEOUT_S
-        while _metric(decode, "bootstrap_rejected") < before + 4:  # 2 replies, 2 notifications
-            assert time.monotonic() < deadline, "the decode worker did not count the forgeries"
-            agent.get_new_notifs()  # progresses the fake agent's sends (it has no progress thread)
-            time.sleep(0.05)
-        status, out = waiting.result(timeout=6 * TIMEOUT_S)
-    ctx.destroy(linger=0)
+    try:
+        fake = ctx.socket(zmq.ROUTER)
+        fake.setsockopt(zmq.LINGER, 0)
+        fake.bind(f"tcp://127.0.0.1:{ports[1]}")
+        body = {"text": "word " * 40, "sampling_params": {"max_new_tokens": 4}, **_boot(ports[1], 904)}
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(_generate, decode, body)
+            assert fake.poll(20_000), "the decode worker never asked the fake peer"
+            peer, _, payload = fake.recv_multipart()
+            pull = msgspec.msgpack.decode(payload, type=KVPull)  # read without the secret
+            status, out = _generate(decode, body)  # the same room again, while the first waits
+            assert status == 409 and "already in flight" in out["error"]["message"], out
+            forged = BootstrapCodec("not-the-secret-0123456789")
+            done = KVDone(room=pull.room, nonce=pull.nonce, agent="fake", kv_len=pull.kv_len, token=1)
+            fake.send_multipart([peer, *forged.encode(KVFailed(room=pull.room, message="forged"))])
+            fake.send_multipart([peer, b"\x00" * 32, msgspec.msgpack.encode(done)])
+            monkeypatch.setenv("UCX_NET_DEVICES", "lo")
+            agent = nixl_agent("fake", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
+            agent.add_remote_agent(pull.layout.metadata)
+            agent.send_notif(pull.layout.agent, forged.encode_done(done))
+            agent.send_notif(pull.layout.agent, b"\x00" * 32 + msgspec.msgpack.encode(done))
+            local = torch.zeros(1 << 16, dtype=torch.uint8)
+            agent.register_memory([local])
+            size = pull.layout.slot_bytes * pull.layout.slots
+            outside = [pull.layout.k_ptrs[0] - 4096, pull.layout.v_ptrs[-1] + size, pull.layout.v_ptrs[-1] + size // 2]
+            for address in outside:  # before, after, and straddling the end of the room's rows
+                with pytest.raises(Exception, match="NOT_FOUND"):
+                    agent.initialize_xfer("READ", agent.get_xfer_descs([(local.data_ptr(), size, 0)], "DRAM"),
+                                          agent.get_xfer_descs([(address, size, 0)], "DRAM"), pull.layout.agent)
+            deadline = time.monotonic() + TIMEOUT_S
+            while _metric(decode, "bootstrap_rejected") < before + 4:  # 2 replies, 2 notifications
+                assert time.monotonic() < deadline, "the decode worker did not count the forgeries"
+                agent.get_new_notifs()  # progresses the fake agent's sends (it has no progress thread)
+                time.sleep(0.05)
+            status, out = waiting.result(timeout=6 * TIMEOUT_S)
+    finally:  # an open socket would keep the context, and pytest, from exiting
+        ctx.destroy(linger=0)
     assert status == 504 and "did not arrive" in out["error"]["message"], out
     _no_leak(decode, 2 * TIMEOUT_S)
 
