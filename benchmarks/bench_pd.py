@@ -153,6 +153,7 @@ def run_system(name: str, model: Path, dtype: str, reqs: list, rate: float, idle
                                           "--disaggregation-bootstrap-port", str(boot), cpus="0")
             procs.append(prefill)
             decode, dport = start_server(model, *common, "--num-threads", "1", "--disaggregation-mode", "decode",
+                                         "--disaggregation-prefill-peers", f"127.0.0.1:{boot}",
                                          cpus="1")
             procs.append(decode)
             router, port = start_router([], pd=(pport, boot, dport))

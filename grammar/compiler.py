@@ -42,7 +42,14 @@ from arbor.grammar.backends.outlines import CompiledGrammar
 from arbor.grammar.backends.xgrammar import XgrammarGrammar, tokenizer_info_json
 from arbor.grammar.bitmask import VocabTables
 from arbor.grammar.budget import Distances
-from arbor.grammar.constraint import BACKENDS, Constraint, backend_for, plan, post_checked
+from arbor.grammar.constraint import (
+    BACKENDS,
+    Constraint,
+    backend_for,
+    keep_plan,
+    plan,
+    post_checked,
+)
 from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.grammar.worker import CompileDone, CompileJob, WorkerInit, read_frame, write_frame
 
@@ -235,6 +242,7 @@ class GrammarCompiler:
         # JSON is budget-aware by default: its distances are built in the worker too.
         sentinel = self.tables.sentinel if constraint.kind in ("json_schema", "json_object") else -1
         done = self._run("outlines", constraint, CompileJob(f"(?:{regex_plan.regex})\\x00", sentinel))
+        keep_plan(constraint)  # the front door admitted its request: the plan is worth keeping here too
         index = outlines_core.Index.from_binary(done.index)
         distances = Distances.from_bytes(done.distances) if done.distances else None
         return CompiledGrammar(index, self.tables, regex_plan.unenforced, len(done.index), distances)

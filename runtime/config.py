@@ -224,8 +224,12 @@ class ServerArgs:
         "bootstrap message."
     )
     disaggregation_prefill_peers: str | None = _opt(
-        None, "With --disaggregation-mode decode: comma-separated HOST:PORT bootstrap addresses of the prefill "
-        "workers this worker may pull KV from; empty = any that the authenticated router names."
+        None, "With --disaggregation-mode decode (required there): comma-separated HOST:PORT bootstrap addresses "
+        "of the prefill workers this worker may pull KV from, as the router names them (--prefill URL PORT)."
+    )
+    disaggregation_staging_mb: int = _opt(
+        1024, "With --disaggregation-mode decode: most MB of staging buffers (KV on its way in, one per pull) "
+        "held at once; a pull beyond it waits (one is always let through)."
     )
     disaggregation_allowed_peers: str | None = _opt(
         None, "Comma-separated client addresses (IPs) that may set bootstrap fields without presenting the "
@@ -285,6 +289,12 @@ class ServerArgs:
                                  "decode worker on its own, without --tp-size, --dp-size or speculative decoding")
             if self.disaggregation_timeout_s <= 0:
                 raise ValueError("disaggregation_timeout_s must be > 0")
+            if self.disaggregation_mode == "decode" and not self.disaggregation_prefill_peers:
+                raise ValueError("--disaggregation-mode decode needs --disaggregation-prefill-peers HOST:PORT,... (the "
+                                 "prefill workers' bootstrap addresses, as the router names them): a decode worker "
+                                 "sends its pulls to no other host")
+            if self.disaggregation_staging_mb < 1:
+                raise ValueError("disaggregation_staging_mb must be >= 1")
         if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
             raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
 

@@ -6,6 +6,7 @@ TokenizerManager validates each prompt; the scheduler trusts what it receives.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,10 +93,23 @@ def bootstrap_of(host: Any, port: Any, room: Any) -> Bootstrap | list[Bootstrap]
 
 
 def _bootstrap(host: Any, port: Any, room: Any) -> Bootstrap:
-    if not isinstance(host, str) or not host:
-        raise ValueError(f"bootstrap_host must be a host name or address, got {host!r}")
+    if not isinstance(host, str) or not _is_host(host):
+        raise ValueError(f"bootstrap_host must be an IP address or a host name, got {host!r:.80}")
     if type(port) is not int or not 0 < port < 65536:
         raise ValueError(f"bootstrap_port must be a TCP port (1-65535), got {port!r}")
     if type(room) is not int or not 0 <= room < 2**64:
         raise ValueError(f"bootstrap_room must be an integer in [0, 2**64), got {room!r}")
     return Bootstrap(host=host, port=port, room=room)
+
+
+def _is_host(host: str) -> bool:
+    """An IP address, or a DNS name (dot-separated labels of letters, digits and inner hyphens)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    labels = host.split(".")
+    return len(host) <= 253 and all(
+        0 < len(label) <= 63 and label.isascii() and label.replace("-", "").isalnum()
+        and not label.startswith("-") and not label.endswith("-") for label in labels)

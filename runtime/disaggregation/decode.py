@@ -15,6 +15,7 @@ import logging
 import os
 import time
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -25,9 +26,10 @@ from arbor.runtime.disaggregation.peer_sockets import PeerSockets
 from arbor.runtime.disaggregation.protocol import (
     BootstrapCodec,
     KVCancel,
-    KVCancelled,
     KVDone,
+    KVFailed,
     KVPull,
+    reject,
 )
 from arbor.runtime.disaggregation.transfer import Staging, make_transfer
 from arbor.runtime.memory import KVPool
@@ -37,7 +39,8 @@ from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 MAX_PEER_SOCKETS = 64  # prefill peers with an open socket; the least recently used closes beyond (its pulls time out)
-MESSAGES_PER_STEP = 256  # replies and notifications read in one step, at most
+MESSAGES_PER_STEP = 256  # replies read from one peer's socket in one step, at most
+FINISHED_ROOMS = 4096  # rooms that ended here, so a late (genuine) reply for one is not called forged
 
 
 @dataclass(eq=False)
@@ -63,11 +66,13 @@ class DecodeReceiver:
         self.codec = BootstrapCodec(secret)
         self.ctx = zmq.Context()
         self.timeout = args.disaggregation_timeout_s
+        self.staging_budget = args.disaggregation_staging_mb << 20
         self.counters = counters
         self.queue: list[tuple[Req, float]] = []  # (request, when it came)
         self.pulled: dict[int, _Pulled] = {}
         self.socks = PeerSockets(self.ctx, MAX_PEER_SOCKETS)
-        self.sockets: list[zmq.Socket] = []  # replies are read each step while a pull is out
+        self.finished: OrderedDict[int, None] = OrderedDict()
+        self.sockets: list[zmq.Socket] = []  # none to wake the idle wait: `busy` keeps the loop stepping
 
     @property
     def busy(self) -> bool:
@@ -81,6 +86,11 @@ class DecodeReceiver:
     @property
     def awaiting(self) -> int:
         return len(self.queue) + self.in_flight
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes of staging buffers held now (KV on its way in, or waiting for no more writes)."""
+        return sum(p.staging.buffer.nbytes for p in self.pulled.values())
 
     def takes(self, req: Req) -> bool:
         """A request with bootstrap info waits here for slots, then for its KV."""
@@ -115,6 +125,8 @@ class DecodeReceiver:
                 ended.append(_abort(req, f"bootstrap_room {room} is already in flight on this decode worker; "
                                          "give each request its own room", 409))
                 continue
+            if self.pulled and self.staged_bytes + self._staging_bytes(req) > self.staging_budget:
+                break
             if not self.kv.attach(req):
                 break
             if self.kv.reserve([req], [req.seq_len]) is None:
@@ -125,11 +137,22 @@ class DecodeReceiver:
             req.admitted = True
             self.counters["prompt_tokens"] += len(req.origin_ids)
             self.counters["cached_tokens"] += req.cached_tokens
-            self._pull(req, now)
+            try:
+                self._pull(req, now)
+            except Exception as exc:  # staging memory, a peer address ZMQ refuses: this request only
+                logger.warning("could not pull the KV of room %d", room, exc_info=True)
+                self.kv.release(req)
+                ended.append(_abort(req, f"could not ask the prefill worker for the KV: {exc}", 503))
         for req, since in [q for q in self.queue if now - q[1] > self.timeout]:
             self.queue.remove((req, since))
-            ended.append(_abort(req, f"no KV slots came free on this decode worker within {self.timeout:g} s", 503))
+            ended.append(_abort(req, f"no KV slots (or staging memory, --disaggregation-staging-mb) came free on "
+                                     f"this decode worker within {self.timeout:g} s", 503))
         return ended
+
+    def _staging_bytes(self, req: Req) -> int:
+        """A staging buffer's size for `req` (before its cache hit is known: at most this)."""
+        layout = len(self.transfer.pool.k) * 2 * self.transfer.slot_bytes
+        return (req.seq_len - req.kv_len) * layout
 
     def _pull(self, req: Req, now: float) -> None:
         boot = req.bootstrap
@@ -139,8 +162,12 @@ class DecodeReceiver:
         nonce = os.urandom(16)
         fill = req.fill_ids()[:end]
         peer = (boot.host, boot.port)
-        self._send(peer, KVPull(room=boot.room, layout=staging.layout, skip=skip, kv_len=end,
-                                tokens_crc=zlib.crc32(fill.tobytes()), nonce=nonce))
+        try:
+            self._send(peer, KVPull(room=boot.room, layout=staging.layout, skip=skip, kv_len=end,
+                                    tokens_crc=zlib.crc32(fill.tobytes()), nonce=nonce))
+        except BaseException:
+            self.transfer.unstage(staging, None)  # nothing was sent: nobody can write it
+            raise
         nbytes = (end - skip) * staging.layout.slot_bytes * 2 * len(staging.layout.k_ptrs)
         self.pulled[boot.room] = _Pulled(req, now + self.timeout, now, nbytes, staging, nonce, peer)
 
@@ -151,9 +178,9 @@ class DecodeReceiver:
         nothing can still write it."""
         arrived: list[tuple[Req, KVDone]] = []
         ended: list[Req] = []
-        for agent, raw in self.transfer.notifications()[:MESSAGES_PER_STEP]:
+        for agent, raw in self.transfer.notifications():  # all: NIXL hands each over once
             self._on_done(agent, raw, arrived, ended)
-        for peer, sock in list(self.socks.items()):
+        for peer, sock in self.socks.items():
             for _ in range(MESSAGES_PER_STEP):
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -176,24 +203,27 @@ class DecodeReceiver:
         """A KVFailed or KVCancelled from `peer`, for a room pulled from that peer."""
         msg = self.codec.to_decode(frames)
         p = self.pulled.get(msg.room) if msg is not None else None
+        if msg is not None and p is None and msg.room in self.finished:
+            return  # a late answer for a room that ended here
         if p is None or p.peer != peer:
-            self._reject()
+            reject(self.counters, "a KV reply not signed with the PD secret, or from a peer that was not pulled")
             return
         room = msg.room
-        if p.ended or isinstance(msg, KVCancelled):
-            self._drop(room)
+        self._drop(room)
+        if p.ended:
             return
         self.counters["kv_transfer_failures"] += 1
-        self._drop(room)
         self.kv.release(p.req)
-        ended.append(_abort(p.req, f"the prefill worker could not send the KV: {msg.message}", 502))
+        why = msg.message if isinstance(msg, KVFailed) else "it cancelled the transfer"
+        ended.append(_abort(p.req, f"the prefill worker could not send the KV: {why}", 502))
 
     def _on_done(self, agent: str, raw: bytes, arrived: list[tuple[Req, KVDone]], ended: list[Req]) -> None:
         """A transfer's notification: signed, from the agent it names, with its room's nonce."""
         msg = self.codec.done(raw)
         p = self.pulled.get(msg.room) if msg is not None else None
         if p is None or msg.agent != agent or not hmac.compare_digest(msg.nonce, p.nonce):
-            self._reject()
+            reject(self.counters, "a KV notification not signed with the PD secret, from another agent, or "
+                                  "without its pull's nonce")
             return
         room = msg.room
         if p.ended:
@@ -208,6 +238,7 @@ class DecodeReceiver:
             return
         slots = torch.from_numpy(self.kv.slots(req, req.kv_len, req.seq_len).astype("int64"))
         del self.pulled[room]
+        self._finished(room)
         self.transfer.unstage(p.staging, slots)
         self.counters["kv_transfers"] += 1
         self.counters["kv_transfer_bytes"] += p.nbytes
@@ -215,14 +246,6 @@ class DecodeReceiver:
         req.kv_len = req.seq_len
         self.kv.cache_prefix(req)  # the prompt is now this worker's: later turns hit it here
         arrived.append((req, msg))
-
-    def _reject(self) -> None:
-        """Count a reply or notification that was forged, malformed or for no pull of its sender."""
-        if not self.counters["bootstrap_rejected"]:
-            logger.warning("dropped a KV reply or notification that was not signed with the PD secret, came "
-                           "from the wrong peer or named no pull of it (counted in arbor_bootstrap_rejected; "
-                           "further ones are not logged)")
-        self.counters["bootstrap_rejected"] += 1
 
     def abort(self, rid: str) -> list[Req]:
         """End the queued or pulled requests of `rid` now."""
@@ -248,6 +271,12 @@ class DecodeReceiver:
     def _drop(self, room: int) -> None:
         """Forget a pull whose staging buffer nothing will write any more."""
         self.transfer.unstage(self.pulled.pop(room).staging, None)
+        self._finished(room)
+
+    def _finished(self, room: int) -> None:
+        self.finished[room] = None
+        while len(self.finished) > FINISHED_ROOMS:
+            self.finished.popitem(last=False)
 
     def _send(self, peer: tuple[str, int], msg: KVPull | KVCancel) -> None:
         waiting = {p.peer for p in self.pulled.values()}

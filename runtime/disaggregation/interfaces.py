@@ -18,14 +18,14 @@ def ucx_devices(host: str, device: str | None) -> str | None:
         return device
     if host in ("0.0.0.0", "::", ""):
         return None
-    address = ipaddress.ip_address(socket.gethostbyname(host))
+    address = ipaddress.ip_address(socket.getaddrinfo(host, None)[0][4][0])
     if address.is_loopback:
         return "lo"
     for _, name in socket.if_nameindex():
         if interface_address(name) == str(address):
             return name
-    raise RuntimeError(f"no network interface holds --host {host} ({address}); name the KV transfer's "
-                       "device with --disaggregation-ib-device")
+    raise RuntimeError(f"no network interface holds --host {host} ({address}; IPv4 interfaces are searched); "
+                       "name the KV transfer's device with --disaggregation-ib-device")
 
 
 def interface_address(name: str) -> str | None:

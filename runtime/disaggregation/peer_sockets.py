@@ -29,14 +29,20 @@ class PeerSockets:
             if len(self._socks) >= self.limit:
                 idle = next((p for p in self._socks if not busy(p)), next(iter(self._socks)))
                 self._socks.pop(idle).close()
-            sock = self._socks[peer] = self.ctx.socket(zmq.DEALER)
+            sock = self.ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + MAC_BYTES)  # a bigger frame drops the peer
-            sock.connect(f"tcp://{peer[0]}:{peer[1]}")
+            try:
+                sock.connect(f"tcp://{peer[0]}:{peer[1]}")
+            except zmq.ZMQError:
+                sock.close()
+                raise
+            self._socks[peer] = sock
         self._socks.move_to_end(peer)
         return sock
 
     def items(self) -> Iterator[tuple[Peer, zmq.Socket]]:
+        """(peer, socket) pairs, a snapshot: a caller may open or close sockets meanwhile."""
         return iter(list(self._socks.items()))
 
     def __len__(self) -> int:

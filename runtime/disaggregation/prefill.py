@@ -20,6 +20,7 @@ from arbor.runtime.disaggregation.protocol import (
     KVDone,
     KVFailed,
     KVPull,
+    reject,
 )
 from arbor.runtime.disaggregation.secret import MAC_BYTES, MAX_FRAME_BYTES
 from arbor.runtime.disaggregation.transfer import make_transfer
@@ -123,7 +124,7 @@ class PrefillSender:
                 return
             msg = self.codec.to_prefill(frames)
             if msg is None:
-                self._reject()
+                reject(self.counters, "a bootstrap message that was not signed with the PD secret or was malformed")
                 continue
             held = self.held.get(msg.room)
             if isinstance(msg, KVCancel):
@@ -139,13 +140,6 @@ class PrefillSender:
                 self.pulls[msg.room] = (peer, msg)
                 while len(self.pulls) > REMEMBERED_ROOMS:  # pulls whose request never came here
                     self.pulls.pop(next(iter(self.pulls)))
-
-    def _reject(self) -> None:
-        """Count a message that was unsigned, malformed or out of range; warn on the first."""
-        if not self.counters["bootstrap_rejected"]:
-            logger.warning("dropped a bootstrap message that was not signed with the PD secret or was malformed "
-                           "(counted in arbor_bootstrap_rejected; further ones are not logged)")
-        self.counters["bootstrap_rejected"] += 1
 
     def _start(self, h: _Held, pull: KVPull) -> list[Req]:
         req = h.req

@@ -10,12 +10,14 @@ unsigned, malformed or out of range.
 
 from __future__ import annotations
 
-from typing import Annotated
+import logging
+from typing import Annotated, Any
 
 import msgspec
 
 from arbor.runtime.disaggregation.secret import Sealer
 
+logger = logging.getLogger(__name__)
 Room = Annotated[int, msgspec.Meta(ge=0)]  # msgpack ints stop at 2**64
 Count = Annotated[int, msgspec.Meta(ge=0, lt=2**31)]
 Address = Annotated[int, msgspec.Meta(ge=0)]
@@ -107,6 +109,7 @@ class BootstrapCodec:
         self._done = msgspec.msgpack.Decoder(KVDone)
 
     def encode(self, msg: _Msg) -> list[bytes]:
+        """`msg` as the signed frames of one ZMQ message."""
         return self.sealer.seal(self._encoder.encode(msg))
 
     def encode_done(self, msg: KVDone) -> bytes:
@@ -114,22 +117,33 @@ class BootstrapCodec:
         return self.sealer.seal_bytes(self._encoder.encode(msg))
 
     def to_prefill(self, frames: list[bytes]) -> KVPull | KVCancel | None:
+        """A message for a prefill worker's bootstrap socket, or None."""
         msg = self._decode(self._to_prefill, self.sealer.open(frames))
         if isinstance(msg, KVPull) and pull_problem(msg) is not None:
             return None
         return msg
 
     def to_decode(self, frames: list[bytes]) -> KVFailed | KVCancelled | None:
+        """A prefill worker's reply on a decode worker's socket, or None."""
         return self._decode(self._to_decode, self.sealer.open(frames))
 
     def done(self, data: bytes) -> KVDone | None:
+        """A transfer's notification, or None."""
         return self._decode(self._done, self.sealer.open_bytes(data))
 
     @staticmethod
-    def _decode(decoder: msgspec.msgpack.Decoder, payload: bytes | None):  # type: ignore[no-untyped-def]
+    def _decode(decoder: msgspec.msgpack.Decoder, payload: bytes | None) -> Any:
         if payload is None:
             return None
         try:
             return decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
+
+
+def reject(counters: dict[str, float], what: str) -> None:
+    """Count a dropped message (`bootstrap_rejected`); warn on the first only, so a flood of
+    them cannot flood the log."""
+    if not counters["bootstrap_rejected"]:
+        logger.warning("dropped %s (counted in arbor_bootstrap_rejected; further ones are not logged)", what)
+    counters["bootstrap_rejected"] += 1

@@ -69,9 +69,7 @@ def create_app(args: ServerArgs) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         """503 while the runtime is down or a process has stopped making progress (heartbeats)."""
-        stalled = state.front().children.stalled(args.health_heartbeat_timeout_s)
-        if stalled is not None:
-            raise ApiError(503, f"the runtime is not making progress: {stalled}", "server_error")
+        _check_progress(state)
         return JSONResponse({"status": "ok"})
 
     guarded = APIRouter(dependencies=[Depends(_auth(state.keys))])
@@ -99,6 +97,13 @@ def _auth(keys: Keys) -> Callable[[Request], Awaitable[None]]:
     return check
 
 
+def _check_progress(state: ServerState) -> None:
+    """503 while the runtime is down or one of its processes has stopped making progress."""
+    stalled = state.front().children.stalled(state.args.health_heartbeat_timeout_s)
+    if stalled is not None:
+        raise ApiError(503, f"the runtime is not making progress: {stalled}", "server_error")
+
+
 def _admin_only(request: Request, what: str) -> None:
     """403 unless the caller holds the admin key (an open server's caller does)."""
     if not caller_of(request).admin:
@@ -114,9 +119,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
         needs a key and counts against max_concurrent_requests, as any generation does."""
         caller = caller_of(request)
         timeout = state.args.health_heartbeat_timeout_s
-        stalled = state.front().children.stalled(timeout)
-        if stalled is not None:
-            raise ApiError(503, f"the runtime is not making progress: {stalled}", "server_error")
+        _check_progress(state)
         prepared = await state.prepare([GenerateInput(input_ids=[0], sampling_params={
             "max_new_tokens": 1, "temperature": 0}, cache_salt=state.salt(caller, None), owner=caller.tenant)])
 
@@ -199,7 +202,8 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
     async def get_load(request: Request) -> Response:
         """SGLang's load report, one entry per data-parallel rank, which routers poll (with
         the admin key: the load is every tenant's traffic)."""
-        _admin_only(request, "/get_load")
+        if not caller_of(request).pd:  # the PD router balances on it
+            _admin_only(request, "/get_load")
         stats = await state.front().stats()
         waiting = int(stats.get("waiting", 0))
         used = int(stats.get("total_slots", 0) - stats.get("free_slots", 0))

@@ -23,7 +23,7 @@ class Caller:
 
     tenant: str | None
     admin: bool
-    pd: bool = False  # presented the PD secret: the router, which alone may set bootstrap fields
+    pd: bool = False  # presented the PD secret: the router, which alone may set bootstrap fields and read the load
 
 
 OPEN = Caller(tenant=None, admin=True)  # a server without keys: one tenant, all rights
@@ -68,8 +68,8 @@ class Keys:
                 tenant = _tenant_id(key)
         admin = self.admin is not None and hmac.compare_digest(token, self.admin.encode())
         pd = self.pd_secret is not None and hmac.compare_digest(token, self.pd_secret.encode())
-        if pd:  # the router: every client of the router shares its namespace, as on an open worker
-            return Caller(tenant=_tenant_id(token.decode()), admin=True, pd=True)
+        if pd:  # the router: its clients share one namespace (it carries no tenant), and no admin rights
+            return Caller(tenant=_tenant_id(token.decode()), admin=False, pd=True)
         if tenant is None and not admin:
             return None
         return Caller(tenant=tenant or _tenant_id(self.admin or ""), admin=admin)

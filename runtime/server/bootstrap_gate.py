@@ -3,7 +3,7 @@
 They tell a disaggregated worker where its KV comes from: a decode worker connects to the
 host they name and registers a buffer for it to write. Only the router may set them: a caller
 that presented the PD secret, or one calling from an address in --disaggregation-allowed-peers.
-A decode worker with --disaggregation-prefill-peers pulls only from those.
+A decode worker pulls only from its --disaggregation-prefill-peers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class BootstrapGate:
         self.mode = args.disaggregation_mode
         self.clients = [ipaddress.ip_network(a.strip(), strict=False)
                         for a in (args.disaggregation_allowed_peers or "").split(",") if a.strip()]
-        self.peers = _peers(args.disaggregation_prefill_peers) if args.disaggregation_prefill_peers else None
+        self.peers = _peers(args.disaggregation_prefill_peers or "")
 
     def check(self, boot: Bootstrap | list[Bootstrap] | None, caller: Caller, client: str | None) -> None:
         """Raise a 403 unless `caller` (from address `client`) may send `boot` here."""
@@ -34,7 +34,7 @@ class BootstrapGate:
                                 "router: present the PD secret (Authorization: Bearer, sglang-router's --api-key) "
                                 "or call from an address in --disaggregation-allowed-peers",
                            "permission_error", "bootstrap_host")
-        if self.mode != "decode" or self.peers is None:
+        if self.mode != "decode":
             return
         for one in boot if isinstance(boot, list) else [boot]:
             if (one.host, one.port) not in self.peers:

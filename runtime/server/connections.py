@@ -56,5 +56,8 @@ def uvicorn_config(app: Any, args: ServerArgs, **overrides: Any) -> uvicorn.Conf
     settings: dict[str, Any] = {
         "host": args.host, "port": args.port, "log_level": args.log_level, "timeout_graceful_shutdown": 5,
         "http": protocol, "limit_concurrency": args.max_connections, "timeout_keep_alive": args.keep_alive_timeout_s,
+        # The client's address is the socket's: X-Forwarded-For from a loopback peer must not
+        # pass --disaggregation-allowed-peers (uvicorn trusts it from 127.0.0.1 by default).
+        "proxy_headers": False,
     }
     return uvicorn.Config(app, **{**settings, **overrides})

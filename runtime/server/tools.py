@@ -73,6 +73,10 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: Any, parser_name: str | N
     if len(set(names)) != len(names):
         raise ApiError(400, "two tools have the same function name; give each a distinct name", param="tools")
     choice = _choice(tool_choice if tool_choice is not None else "auto", names)
+    for i, f in enumerate(functions):  # a forced call compiles its schema: a bad one is a 400 now
+        if f.get("parameters") is not None and choice in ("required", f["name"]):
+            with refusing("tools", f"tools[{i}] ({f['name']}): parameters schema is invalid: "):
+                schema_to_regex(f["parameters"])
     if not isinstance(parallel, bool):
         raise ApiError(400, "parallel_tool_calls must be true or false", param="parallel_tool_calls")
     parser = PARSERS[parser_name]() if parser_name else None
@@ -96,10 +100,22 @@ def _function(tool: Any, i: int) -> dict[str, Any]:
     unknown = set(fn) - {"name", "description", "parameters", "strict"}
     if unknown:
         raise ApiError(400, f"{where}.function has unknown fields {sorted(unknown)}", param="tools")
-    if params is not None:  # compiled now, as a forced call would compile it: a bad schema is a 400 here
-        with refusing("tools", f"{where} ({fn['name']}): parameters schema is invalid: "):
-            schema_to_regex(params)
+    if params is not None:
+        _check_schema(params, f"{where} ({fn['name']})")
     return {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
+
+
+def _check_schema(params: dict[str, Any], where: str) -> None:
+    """Every tool's parameters must be a valid JSON Schema (its draft's metaschema). Only forced
+    tools are compiled: a valid schema that Arbor's compiler cannot take still works under auto."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(params).check_schema(params)
+    except jsonschema.SchemaError as e:
+        at = "/".join(str(p) for p in e.absolute_path)
+        raise ApiError(400, f"{where}: parameters schema is invalid: {e.message}" + (f" (at {at})" if at else ""),
+                       param="tools") from None
 
 
 def _choice(choice: Any, names: list[str]) -> str:

@@ -26,6 +26,7 @@ pytest.importorskip("nixl")
 TIMEOUT_S = 4  # --disaggregation-timeout-s of the workers here
 SECRET = "pd-secret-for-tests-0123456789"  # shared by the router and both workers (ARBOR_PD_SECRET)
 TENANT = "a-tenant-key"  # a client of the workers themselves, who must not steer their KV
+ADMIN = "the-admin-key"  # reads the workers' statistics and flushes their caches
 
 
 def _pair(model: str, *prefill_extra: str, port: int | None = None,
@@ -34,7 +35,7 @@ def _pair(model: str, *prefill_extra: str, port: int | None = None,
     prefill worker's bootstrap port and `peers` (ports on 127.0.0.1)."""
     port = port or _free_port()
     common = ("--enable-cache-report", "--disaggregation-timeout-s", str(TIMEOUT_S))
-    env = {"ARBOR_PD_SECRET": SECRET, "ARBOR_API_KEY": TENANT}
+    env = {"ARBOR_PD_SECRET": SECRET, "ARBOR_API_KEY": TENANT, "ARBOR_ADMIN_API_KEY": ADMIN}
     prefill = start_server(model, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port),
                            "--metrics-port", str(_free_port()), *common, *prefill_extra, env=env)
     allowed = ",".join(f"127.0.0.1:{p}" for p in (port, *peers))
@@ -76,7 +77,7 @@ def _generate(server: Server, body: dict, key: str | None = SECRET) -> tuple[int
 
 
 def _stats(server: Server) -> dict:
-    status, info = server.request("GET", "/get_server_info", key=SECRET)
+    status, info = server.request("GET", "/get_server_info", key=ADMIN)
     assert status == 200, info
     return info["stats"]
 
@@ -85,7 +86,7 @@ def _no_leak(server: Server, within_s: float) -> None:
     """Within `within_s`, every slot is free again once the radix cache is flushed."""
     deadline = time.monotonic() + within_s
     while True:
-        server.request("POST", "/flush_cache", key=SECRET)
+        server.request("POST", "/flush_cache", key=ADMIN)
         stats = _stats(server)
         if stats["free_slots"] == stats["total_slots"] and stats["invariant_ok"] == 1.0:
             return
@@ -187,7 +188,7 @@ def _close(a: object, b: object) -> bool:
 def test_both_workers_report_transfers_in_metrics(pd):
     _, prefill, decode = pd
     for worker in (prefill, decode):
-        status, text = worker.request("GET", "/metrics", key=SECRET)
+        status, text = worker.request("GET", "/metrics", key=ADMIN)
         assert status == 200
         moved = re.search(r"^arbor_kv_transfer_bytes (\S+)$", text, re.M)
         took = re.search(r"^arbor_kv_transfer_seconds (\S+)$", text, re.M)
@@ -210,7 +211,7 @@ def test_decode_worker_needs_bootstrap_info(pd):
 
 
 def _metric(server: Server, name: str) -> float:
-    status, text = server.request("GET", "/metrics", key=SECRET)
+    status, text = server.request("GET", "/metrics", key=ADMIN)
     assert status == 200, text
     found = re.search(rf"^arbor_{name} (\S+)$", text, re.M)
     assert found, text
@@ -230,6 +231,10 @@ def test_clients_cannot_set_bootstrap_fields(pd, ports):
     assert status == 403 and out["error"]["param"] == "bootstrap_host", out
     status, out = _generate(decode, {**body, **_boot(1, 903)})  # the router's secret, an unknown peer
     assert status == 403 and "prefill peers" in out["error"]["message"], out
+    status, out = _generate(decode, {**body, "bootstrap_host": "a b"})  # not a host ZMQ could even dial
+    assert status == 400 and "bootstrap_host" in out["error"]["message"], out
+    status, out = decode.request("POST", "/flush_cache", key=SECRET)  # the router's key is not the admin's
+    assert status == 403, out
     _no_leak(decode, 5)
 
 
@@ -278,8 +283,8 @@ def test_bad_frames_on_the_bootstrap_port_are_dropped(pd, ports):
 
 def test_a_fake_prefill_peer_can_neither_finish_a_room_nor_reach_beyond_it(pd, ports, monkeypatch):
     """A peer without the secret gets a pull: its forged replies and notifications are dropped,
-    NIXL refuses it any memory outside the room's staging buffer, and the request ends at
-    the timeout without ever decoding unwritten KV."""
+    its NIXL agent refuses it any address outside the room's staging buffer (the metadata names
+    that buffer alone), and the request ends at the timeout without decoding unwritten KV."""
     import msgspec
     import zmq
     from nixl._api import nixl_agent, nixl_agent_config

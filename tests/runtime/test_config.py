@@ -32,3 +32,9 @@ def test_flags_rebuild_the_args_with_overrides():
 def test_sizes_below_one_are_refused(bad):
     with pytest.raises(ValueError, match="must be >= 1"):
         ServerArgs(**bad)
+
+
+def test_a_decode_worker_names_its_prefill_peers():
+    with pytest.raises(ValueError, match="--disaggregation-prefill-peers"):
+        ServerArgs(disaggregation_mode="decode")
+    assert ServerArgs(disaggregation_mode="decode", disaggregation_prefill_peers="10.0.0.2:8998")
