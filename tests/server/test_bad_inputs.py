@@ -229,7 +229,7 @@ BAD_INPUTS = [
         "json_schema": '{"type": "number", "minimum": 1e400}'}}, 400, "must be a finite number"),
     # invalid tool parameter schemas: a 400 naming the tool, whatever tool_choice is
     ("tool schema of an unknown type", "POST", "/v1/chat/completions",
-     _tool({"properties": {"a": {"type": "frob"}}}), 400, "tools[0] (f): parameters schema is invalid: unknown type"),
+     _tool({"properties": {"a": {"type": "frob"}}}), 400, "parameters schema is invalid: 'frob' is not valid under any of the given schemas (at properties/a/type)"),
     ("tool schema with a dangling $ref", "POST", "/v1/chat/completions",
      _tool({"properties": {"a": {"$ref": "#/$defs/missing"}}}, NAMED), 400, "tools[0] (f): parameters schema"),
     ("tool schema with contradictory bounds", "POST", "/v1/chat/completions",
