@@ -55,10 +55,43 @@ class Role(Protocol):
         ...
 
 
-def make_role(args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float]) -> Role | None:
-    """The side `--disaggregation-mode` names; None for a worker that does both."""
-    if args.disaggregation_mode == "null":
+class NullRole:
+    """A worker that does both prefill and decode: it holds no request and moves no KV."""
+
+    def __init__(self) -> None:
+        self.sockets: list[zmq.Socket] = []
+
+    @property
+    def busy(self) -> bool:
+        return False
+
+    @property
+    def awaiting(self) -> int:
+        return 0
+
+    def takes(self, req: Req) -> bool:
+        return False
+
+    def keeps(self, req: Req) -> bool:
+        return False
+
+    def ended(self, req: Req) -> None:
         return None
+
+    def step(self, capacity: int) -> tuple[list[Req], list[tuple[Req, KVDone]]]:
+        return [], []
+
+    def abort(self, rid: str) -> list[Req]:
+        return []
+
+    def close(self) -> None:
+        return None
+
+
+def make_role(args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float]) -> Role:
+    """The side `--disaggregation-mode` names; a NullRole for a worker that does both."""
+    if args.disaggregation_mode == "null":
+        return NullRole()
     secret = require_secret(args)
     if args.disaggregation_mode == "prefill":
         from arbor.runtime.disaggregation.prefill import PrefillSender

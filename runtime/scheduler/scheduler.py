@@ -15,7 +15,6 @@ import torch
 import zmq
 
 from arbor.grammar.compiler import GrammarBusy
-from arbor.radix.cache import RadixCache
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.disaggregation.role import make_role
 from arbor.runtime.messages import (
@@ -34,7 +33,7 @@ from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.model.sampler import Sampler
 from arbor.runtime.scheduler.admission import Admission
 from arbor.runtime.scheduler.grammar import GrammarBackend
-from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.scheduler.kv_manager import KVManager, make_prefix_cache
 from arbor.runtime.scheduler.logits import prepare_logits, prompt_logprobs, token_logprobs
 from arbor.runtime.scheduler.req import Req
 from arbor.runtime.scheduler.spec_step import SpeculativeStep
@@ -61,9 +60,8 @@ class Scheduler(Admission, SpeculativeStep):
         if mirror is not None:
             mirror.setup(self.runner.kv_pool.num_slots)
             self.runner.mirror = mirror
-        tree = None if args.disable_radix_cache else RadixCache(args.page_size)
-        self.tree = tree
-        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, tree)
+        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token,
+                            make_prefix_cache(args.page_size, args.disable_radix_cache))
         self.sampler = Sampler(args.random_seed, self.runner.device)
         self.eos_ids = list(self.runner.config.eos_token_ids)
         self.waiting: list[Req] = []
@@ -113,7 +111,7 @@ class Scheduler(Admission, SpeculativeStep):
 
     def _enqueue(self, req: Req) -> None:
         """Queue a request to prefill here, or (decode worker) to receive its prompt's KV."""
-        if self.pd is None or not self.pd.takes(req):
+        if not self.pd.takes(req):
             self.waiting.append(req)
 
     def _grammar(self) -> GrammarBackend:
@@ -159,8 +157,7 @@ class Scheduler(Admission, SpeculativeStep):
         """Stop the grammar compile workers and the KV transfer sockets."""
         if self.grammar is not None:
             self.grammar.close()
-        if self.pd is not None:
-            self.pd.close()
+        self.pd.close()
 
     def abort(self, rid: str) -> list[ReqOut]:
         """End the request with exactly this rid (or, for n > 1, its samples) and free its KV now."""
@@ -169,15 +166,13 @@ class Scheduler(Admission, SpeculativeStep):
             if rid in (req.rid, req.group):
                 req.finish_reason = FinishAbort(message="aborted", status_code=499)
                 outs.append(self._finish(req))
-        if self.pd is not None:
-            outs += [self._out(r) for r in self.pd.abort(rid)]
+        outs += [self._out(r) for r in self.pd.abort(rid)]
         return outs
 
     def flush_cache(self) -> None:
         """Drop every cached prefix no running request holds; with nothing running, the pool
         starts over in order (fresh prompts get consecutive pages again)."""
-        if self.tree is not None:
-            self.kv.make_room(self.kv.available())
+        self.kv.make_room(self.kv.available())
         if not self.has_work and self.runner.allocator.available() == self.runner.allocator.total_slots:
             self.runner.allocator.reset()
 
@@ -188,16 +183,16 @@ class Scheduler(Admission, SpeculativeStep):
     @property
     def awaiting_kv(self) -> int:
         """Decode worker: requests queued for slots or waiting for their KV (load the router reads)."""
-        return self.pd.awaiting if self.pd is not None else 0
+        return self.pd.awaiting
 
     def wake_sockets(self) -> list[zmq.Socket]:
         """Sockets besides the inbox whose messages need a step (a prefill worker's bootstrap port)."""
-        return self.pd.sockets if self.pd is not None else []
+        return self.pd.sockets
 
     @property
     def transferring(self) -> bool:
         """Whether disaggregated requests wait for a KV transfer (sent or received)."""
-        return self.pd is not None and self.pd.busy
+        return self.pd.busy
 
     @property
     def busy(self) -> bool:
@@ -253,7 +248,6 @@ class Scheduler(Admission, SpeculativeStep):
     def _transfers(self) -> list[ReqOut]:
         """Disaggregation: move KV transfers on; a decode worker starts the requests whose KV
         came in from the prefill worker's first token (and its logprobs)."""
-        assert self.pd is not None
         ended, arrived = self.pd.step(self.args.max_running_requests - len(self.running))
         outs = [self._out(r) for r in ended]
         for req, done in arrived:
@@ -407,7 +401,7 @@ class Scheduler(Admission, SpeculativeStep):
         """After a step: the request's final output, or its progress if someone reads it. A
         prefill worker's disaggregated request ends at its first token and waits for its
         KV to reach the decode worker."""
-        if self.pd is not None and self.pd.keeps(req):
+        if self.pd.keeps(req):
             return
         if req.finish_reason is not None:
             outs.append(self._finish(req))
@@ -443,7 +437,7 @@ class Scheduler(Admission, SpeculativeStep):
     def _finish(self, req: Req) -> ReqOut:
         if req.row >= 0:
             self._release(req)
-        if self.pd is not None and isinstance(req.finish_reason, FinishAbort):
+        if isinstance(req.finish_reason, FinishAbort):
             self.pd.ended(req)
         if req is self.chunked:
             self.chunked = None
