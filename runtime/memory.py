@@ -10,6 +10,7 @@ import torch
 
 from arbor.kernels.cpu_ops import store_kv_cpu
 from arbor.kernels.reference import store_kv_ref
+from arbor.runtime.model.ragged import ragged_cells
 
 
 class KVPool:
@@ -142,11 +143,8 @@ def reserve_positions(
         slots = torch.tensor(pages, device=dev)[:, None] * ps + offsets
         table[torch.tensor(page_rows, device=dev)[:, None], cols] = slots.to(table.dtype)
     lens = torch.tensor([e - s for s, e in zip(starts, ends)], device=dev)
-    total = int(lens.sum())
-    row_of = torch.tensor(rows, device=dev).repeat_interleave(lens)
-    base = torch.tensor(starts, device=dev) - (torch.cumsum(lens, 0) - lens)
-    pos = torch.arange(total, device=dev) + base.repeat_interleave(lens)
-    return table[row_of, pos].to(torch.int64)
+    cells = ragged_cells(torch.tensor(rows, device=dev), torch.tensor(starts, device=dev), lens)
+    return table[cells].to(torch.int64)
 
 
 def _reserve_one_each(

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from arbor.runtime.model.ragged import gather_rows, indptr
+
 if TYPE_CHECKING:
     from arbor.runtime.model.attention.base import AttentionBackend
 
@@ -49,10 +51,7 @@ class ForwardBatch:
     def kv_indices(self) -> torch.Tensor:
         """[sum(seq_lens)] int64: KV slot of every position, request by request (CSR with
         kv_indptr). Built on first use: only kernels that walk CSR need it."""
-        max_len = int(self.seq_lens.max())
-        table = self.req_to_token[self.req_pool_indices, :max_len]
-        valid = torch.arange(max_len, device=table.device)[None, :] < self.seq_lens[:, None]
-        return table[valid].to(torch.int64)
+        return gather_rows(self.req_to_token, self.req_pool_indices, self.seq_lens).to(torch.int64)
 
     @classmethod
     def build(
@@ -79,10 +78,7 @@ class ForwardBatch:
         positions = [p + i for p, e in zip(prefix_lens, extend) for i in range(e)]
         rows = t(req_pool_indices)
         seq_t = t(seq)
-        kv_indptr = torch.zeros(len(seq) + 1, dtype=torch.int32, device=device)
-        kv_indptr[1:] = torch.cumsum(seq_t, 0)
-        qo_indptr = torch.zeros_like(kv_indptr)
-        qo_indptr[1:] = torch.cumsum(t(extend), 0)
+        extend_t = t(extend)
         return cls(
             mode=mode,
             input_ids=t(flat_ids),
@@ -91,9 +87,9 @@ class ForwardBatch:
             req_pool_indices=rows,
             seq_lens=seq_t,
             prefix_lens=t(prefix_lens),
-            extend_lens=t(extend),
-            qo_indptr=qo_indptr,
-            kv_indptr=kv_indptr,
+            extend_lens=extend_t,
+            qo_indptr=indptr(extend_t),
+            kv_indptr=indptr(seq_t),
             req_to_token=req_to_token,
             return_all_logits=return_all_logits,
         )

@@ -24,6 +24,7 @@ from arbor.runtime.config import ServerArgs
 from arbor.runtime.ipc import Puller, Pusher
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.parallel import TensorParallel
+from arbor.runtime.model.ragged import indptr, ragged_cells
 from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.processes import tp_endpoint
 
@@ -107,17 +108,11 @@ def rebuild(msg: TpBatch, runner: ModelRunner) -> ForwardBatch:
     flat = torch.from_numpy(np.frombuffer(msg.data, dtype=np.int64).copy()).to(device)
     parts = dict(zip((*FIELDS, "kv_indices"), flat.split(msg.sizes)))
     seq = parts["seq_lens"]
-    rows = parts["req_pool_indices"].repeat_interleave(seq)
-    starts = torch.cumsum(seq, 0) - seq
-    cols = torch.arange(int(seq.sum()), device=device) - starts.repeat_interleave(seq)
     table = runner.req_to_token.table
-    table[rows, cols] = parts["kv_indices"].to(table.dtype)
-    kv_indptr = torch.zeros(seq.numel() + 1, dtype=torch.int32, device=device)
-    kv_indptr[1:] = torch.cumsum(seq, 0)
-    qo_indptr = torch.zeros_like(kv_indptr)
-    qo_indptr[1:] = torch.cumsum(parts["extend_lens"], 0)
-    return ForwardBatch(mode=ForwardMode(msg.mode), **{f: parts[f] for f in FIELDS}, qo_indptr=qo_indptr,
-                        kv_indptr=kv_indptr, req_to_token=table, return_all_logits=msg.all_logits)
+    table[ragged_cells(parts["req_pool_indices"], torch.zeros_like(seq), seq)] = parts["kv_indices"].to(table.dtype)
+    return ForwardBatch(mode=ForwardMode(msg.mode), **{f: parts[f] for f in FIELDS},
+                        qo_indptr=indptr(parts["extend_lens"]), kv_indptr=indptr(seq), req_to_token=table,
+                        return_all_logits=msg.all_logits)
 
 
 def run_follower(args: ServerArgs, model_path: str, endpoints: dict[str, str], rank: int, port: int) -> None:

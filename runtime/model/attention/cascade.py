@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from arbor.runtime.model.forward_batch import ForwardBatch
+from arbor.runtime.model.ragged import ragged_arange
 
 MIN_SHARED = 64  # shorter common prefixes are cheaper to read per request than to merge
 
@@ -48,20 +49,13 @@ def find_shared_prefixes(batch: ForwardBatch, table: torch.Tensor, page_size: in
         members = eligible[idx]
         pages = _pages(rows[idx[0], :length], page_size)
         consecutive = pages.numel() == 1 or bool((pages[1:] - pages[:-1] == 1).all())
-        found.append(SharedPrefix(members, length, pages, _new_token_rows(batch, members),
-                                  int(pages[0]) if consecutive else -1))
+        tokens = ragged_arange(batch.qo_indptr[members], batch.extend_lens[members])
+        found.append(SharedPrefix(members, length, pages, tokens, int(pages[0]) if consecutive else -1))
     return found
 
 
 def _pages(slots: torch.Tensor, page_size: int) -> torch.Tensor:
     return torch.div(slots[::page_size], page_size, rounding_mode="floor").to(torch.int64)
-
-
-def _new_token_rows(batch: ForwardBatch, members: torch.Tensor) -> torch.Tensor:
-    starts = batch.qo_indptr[members].to(torch.int64)
-    lens = batch.extend_lens[members]
-    offsets = torch.arange(int(lens.sum()), device=lens.device) - (torch.cumsum(lens, 0) - lens).repeat_interleave(lens)
-    return starts.repeat_interleave(lens) + offsets
 
 
 def attend_with_lse(

@@ -33,6 +33,7 @@ from arbor.runtime.model.attention.cascade import (
     merge_lse,
 )
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.ragged import indptr, ragged_arange
 
 GROUPS = 8  # a batch is split into at most this many length-sorted groups...
 GROUP_MIN = 16  # ...of at least this many requests, so each pads only to its own longest
@@ -110,12 +111,9 @@ class TorchAttnBackend(AttentionBackend):
 
     def _kernel_rows(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor) -> _KernelRows:
         ext = batch.extend_lens[rows]
-        qo = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=rows.device)
-        qo[1:] = torch.cumsum(ext, 0)
-        first = batch.qo_indptr[rows].to(torch.int64)
-        tokens = torch.repeat_interleave(first - qo[:-1], ext) + torch.arange(int(qo[-1]), device=rows.device)
+        tokens = ragged_arange(batch.qo_indptr[rows], ext)
         return _KernelRows(tokens, batch.req_pool_indices[rows].contiguous(), start[rows].contiguous(),
-                           batch.seq_lens[rows].contiguous(), qo)
+                           batch.seq_lens[rows].contiguous(), indptr(ext, torch.int64))
 
     def _group(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor, shared: bool) -> _Group:
         dev, ps = rows.device, self.page_size
@@ -129,14 +127,12 @@ class TorchAttnBackend(AttentionBackend):
         use_sdpa = max_q >= SDPA_MIN_Q and not shared
         fresh = use_sdpa and not bool(pre.any())
         bias = torch.empty(0, device=dev) if fresh else self._bias(start, seq, pre, max_q, n_pages * ps)
-        tok_req = torch.repeat_interleave(torch.arange(rows.numel(), device=dev), ext)
-        tok_off = torch.arange(tok_req.numel(), device=dev) - (torch.cumsum(ext, 0) - ext)[tok_req]
         first = batch.qo_indptr[rows].to(torch.int64)
-        tokens = first[tok_req] + tok_off
+        tokens = ragged_arange(first, ext)
+        padded = ragged_arange(torch.arange(rows.numel(), device=dev) * max_q, ext)  # row-major [b, max_q]
         # Padding rows copy a real row: finite values, masked as keys, dropped as queries.
         offs = torch.minimum(torch.arange(max_q, device=dev)[None, :], (ext - 1)[:, None])
         source = (first[:, None] + offs).reshape(-1)
-        padded = tok_req * max_q + tok_off
         return _Group(pages, bias, tokens, padded, source, max_q, use_sdpa, fresh)
 
     @staticmethod

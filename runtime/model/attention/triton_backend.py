@@ -17,6 +17,7 @@ from arbor.kernels.kv_store import store_kv_triton
 from arbor.runtime.memory import KVPool, ReqToTokenPool, as_stored, to_kv_dtype
 from arbor.runtime.model.attention.base import AttentionBackend
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.ragged import gather_rows, indptr
 
 
 @dataclass
@@ -45,12 +46,8 @@ class TritonAttnBackend(AttentionBackend):
             self.meta = _Metadata(True, batch.kv_indptr, batch.kv_indices, splits=splits)
             return
         prefix = batch.prefix_lens
-        indptr = torch.zeros_like(batch.kv_indptr)
-        indptr[1:] = torch.cumsum(prefix, 0)
-        width = int(prefix.max()) if prefix.numel() else 0
-        table = self.req_to_token.table[batch.req_pool_indices, :width]
-        indices = table[torch.arange(width, device=table.device)[None, :] < prefix[:, None]]
-        self.meta = _Metadata(False, indptr, indices, max_extend=int(batch.extend_lens.max()))
+        indices = gather_rows(self.req_to_token.table, batch.req_pool_indices, prefix)
+        self.meta = _Metadata(False, indptr(prefix), indices, max_extend=int(batch.extend_lens.max()))
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
