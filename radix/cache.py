@@ -4,47 +4,18 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
-from typing import NamedTuple
 
 from arbor.radix.key import TOKEN_BYTES, TokenIds, common_prefix_bytes, to_key, to_values
 from arbor.radix.node import TreeNode
-
-FreeFn = Callable[[array], object]
-
-
-class MatchResult(NamedTuple):
-    """Longest cached prefix: its KV slots, the node ending it (a lock handle), its length."""
-
-    indices: array
-    last_node: TreeNode
-    length: int
+from arbor.radix.prefix_cache import CacheStats, FreeFn, MatchResult, PrefixCache
 
 
-@dataclass
-class CacheStats:
-    """Prefix-hit counters over every `match_prefix` call since the last reset."""
-
-    queries: int = 0
-    query_tokens: int = 0
-    hit_tokens: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        """Fraction of queried tokens that were served from the cache."""
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-
-
-class RadixCache:
+class RadixCache(PrefixCache):
     """Token-level radix tree of KV slots; keys are cached in whole pages of `page_size`.
 
-    Contract: a caller that uses `match_prefix(...).indices` across a step must `lock`
-    the returned `last_node` first and `unlock` it when done; locked nodes are never
-    evicted. Every slot given to `insert` belongs to the tree until `evict` hands it
-    to `free_fn`, except the span `insert` reports as already cached, which stays the
-    caller's to free.
+    Implements `PrefixCache` (its docstring states the locking and slot-ownership contract);
+    eviction goes leaf by leaf in LRU order.
     """
 
     def __init__(self, page_size: int = 1) -> None:
@@ -75,6 +46,11 @@ class RadixCache:
         self._protected = 0
         self._total = 0
         self.stats = CacheStats()
+
+    @property
+    def enabled(self) -> bool:
+        """Always: the tree caches every whole page it is given."""
+        return True
 
     # ----------------------------------------------------------------- queries
 
@@ -129,6 +105,10 @@ class RadixCache:
         if not node.children and not node.lock_ref and node.parent is not None:
             self._touched(node)
         return matched
+
+    def cacheable_len(self, num_tokens: int) -> int:
+        """Whole pages: the unaligned tail of an insert stays the caller's."""
+        return num_tokens - num_tokens % self.page_size
 
     # ------------------------------------------------------------ lock, evict
 
