@@ -9,7 +9,6 @@ batch waits a step, so the batch caches that prefix for it.
 
 from __future__ import annotations
 
-from arbor.radix.cache import RadixCache
 from arbor.radix.key import TOKEN_BYTES, common_prefix_bytes, to_key
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.model.runner import ModelRunner
@@ -27,7 +26,6 @@ class Admission:
     args: ServerArgs
     runner: ModelRunner
     kv: KVManager
-    tree: RadixCache | None
     waiting: list[Req]
     running: list[Req]
     chunked: Req | None
@@ -97,7 +95,7 @@ class Admission:
     def _shares_with_batch(self, req: Req, prefix: int, batch: list[tuple[Req, int]]) -> bool:
         """Whether a request already in this batch shares a long uncached prefix with `req`
         (n samples of one prompt, or few-shot requests arriving together)."""
-        if self.tree is None or not batch:
+        if not self.kv.cache.enabled or not batch:
             return False
         key = to_key(req.fill_ids())
         for other, _ in batch:

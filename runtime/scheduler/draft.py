@@ -17,13 +17,12 @@ import dataclasses
 import torch
 
 from arbor.kernels.cpu_ops import argmax_cpu
-from arbor.radix.cache import RadixCache
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.hot_head import full_vocab, load_token_map
 from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.scheduler.grammar import GrammarBackend
-from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.scheduler.kv_manager import KVManager, make_prefix_cache
 from arbor.runtime.scheduler.req import Req
 
 
@@ -39,8 +38,8 @@ class DraftProposer:
         if self.runner.config.vocab_size != vocab:
             raise ValueError(f"the draft's vocabulary ({self.runner.config.vocab_size}) differs from the "
                              f"target's ({target.config.vocab_size}); they must share a tokenizer")
-        tree = None if args.disable_radix_cache else RadixCache(args.page_size)
-        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, tree)
+        cache = make_prefix_cache(args.page_size, args.disable_radix_cache)
+        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, cache)
         self.k = args.speculative_num_draft_tokens
         self.shadows: dict[int, Req] = {}
         self.written: dict[int, int] = {}  # per shadow: guesses whose K/V the last proposal wrote

@@ -1,4 +1,4 @@
-"""KVManager: who owns which KV slot, across the page allocator, the slot table and the radix tree."""
+"""KVManager: who owns which KV slot, across the page allocator, the slot table and the prefix cache."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import numpy as np
 import torch
 
 from arbor.radix.cache import RadixCache
+from arbor.radix.null_cache import NullPrefixCache
+from arbor.radix.prefix_cache import PrefixCache
 from arbor.runtime.memory import PageAllocator, ReqToTokenPool, reserve_positions
 from arbor.runtime.scheduler.req import Req
 
@@ -19,17 +21,22 @@ def _ceil(n: int, page: int) -> int:
     return -(-n // page) * page
 
 
+def make_prefix_cache(page_size: int, disabled: bool) -> PrefixCache:
+    """The radix tree, or the no-cache stand-in under `--disable-radix-cache`."""
+    return NullPrefixCache() if disabled else RadixCache(page_size)
+
+
 class KVManager:
     """Attaches requests to KV (reusing the longest cached prefix), grows them, caches and frees.
 
-    Invariant: free + tree evictable + tree protected + private slots of attached requests
+    Invariant: free + cache evictable + cache protected + private slots of attached requests
     == total slots. `check()` verifies it.
     """
 
-    def __init__(self, allocator: PageAllocator, req_to_token: ReqToTokenPool, tree: RadixCache | None) -> None:
+    def __init__(self, allocator: PageAllocator, req_to_token: ReqToTokenPool, cache: PrefixCache) -> None:
         self.allocator = allocator
         self.req_to_token = req_to_token
-        self.tree = tree
+        self.cache = cache
         self.page = allocator.page_size
         self.attached: set[Req] = set()
 
@@ -37,7 +44,7 @@ class KVManager:
 
     def available(self) -> int:
         """Slots free now or after evicting every unlocked cached prefix."""
-        return self.allocator.available() + (self.tree.evictable_size() if self.tree else 0)
+        return self.allocator.available() + self.cache.evictable_size()
 
     def pages_for(self, start: int, end: int) -> int:
         """New slots (whole pages) that positions [start, end) of a request need."""
@@ -46,17 +53,15 @@ class KVManager:
     def make_room(self, num_slots: int) -> bool:
         """Evict cached prefixes until `num_slots` are free; whether that succeeded."""
         short = num_slots - self.allocator.available()
-        if short > 0 and self.tree is not None:
-            self.tree.evict(short, self._free_array)
+        if short > 0:
+            self.cache.evict(short, self._free_array)
         return self.allocator.available() >= num_slots
 
     # ------------------------------------------------------------ lifecycle
 
     def prefix_len(self, req: Req) -> int:
         """Length of the cached prefix `req` would reuse (at most `req.match_cap`)."""
-        if self.tree is None:
-            return 0
-        return self.tree.match_prefix(req.fill_ids()[: req.match_cap], req.cache_salt).length
+        return self.cache.match_prefix(req.fill_ids()[: req.match_cap], req.cache_salt).length
 
     def attach(self, req: Req) -> bool:
         """Give `req` a slot-table row holding its cached prefix (locked); False if no row is free."""
@@ -64,14 +69,12 @@ class KVManager:
         if row is None:
             return False
         req.row = row
-        matched = 0
-        if self.tree is not None:
-            match = self.tree.match_prefix(req.fill_ids()[: req.match_cap], req.cache_salt)
-            matched = match.length
-            if matched:
-                self.req_to_token.table[row, :matched] = torch.frombuffer(match.indices, dtype=torch.int32)
-            self.tree.lock(match.last_node)
-            req.last_node = match.last_node
+        match = self.cache.match_prefix(req.fill_ids()[: req.match_cap], req.cache_salt)
+        matched = match.length
+        if matched:
+            self.req_to_token.table[row, :matched] = torch.frombuffer(match.indices, dtype=torch.int32)
+        self.cache.lock(match.last_node)
+        req.last_node = match.last_node
         if req.retractions == 0:
             req.cached_tokens = matched
         req.tree_len = req.kv_len = req.mapped_len = matched
@@ -104,28 +107,23 @@ class KVManager:
             req.mapped_len = keep
 
     def cache_prefix(self, req: Req) -> None:
-        """Insert the KV computed so far into the tree and adopt the tree's slots for it."""
-        if self.tree is None:
-            return
+        """Insert the KV computed so far into the cache and adopt the cache's slots for it."""
         aligned = self._insert(req)
         ids = req.fill_ids()[:aligned]
-        match = self.tree.match_prefix(ids, req.cache_salt)
+        match = self.cache.match_prefix(ids, req.cache_salt)
         assert match.length == aligned, "a prefix just inserted is cached"
         if aligned:
             self.req_to_token.table[req.row, :aligned] = torch.frombuffer(match.indices, dtype=torch.int32)
-        self.tree.lock(match.last_node)
-        self.tree.unlock(req.last_node)
+        self.cache.lock(match.last_node)
+        self.cache.unlock(req.last_node)
         req.last_node = match.last_node
         req.tree_len = aligned
 
     def release(self, req: Req) -> None:
         """Detach `req`: cache what it computed, free its private slots and its row."""
         table = self.req_to_token.table
-        if self.tree is not None:
-            aligned = self._insert(req)
-            self.tree.unlock(req.last_node)
-        else:
-            aligned = 0
+        aligned = self._insert(req)
+        self.cache.unlock(req.last_node)
         if req.mapped_len > aligned:
             self.allocator.free_slots(table[req.row, aligned : req.mapped_len].to(torch.int64))
         self.req_to_token.free(req.row)
@@ -134,14 +132,15 @@ class KVManager:
         req.tree_len = req.kv_len = req.mapped_len = 0
 
     def _insert(self, req: Req) -> int:
-        """Insert [0, kv_len) into the tree; free this request's duplicates of spans the tree
-        already held. Returns the page-aligned length the tree now owns."""
-        assert self.tree is not None
+        """Offer [0, kv_len) to the cache; free this request's duplicates of spans the cache
+        already held. Returns the length the cache now owns (whole pages; 0 without a cache)."""
         n = req.kv_len
-        aligned = n - n % self.page
+        aligned = self.cache.cacheable_len(n)
+        if not aligned:
+            return 0  # nothing the cache would keep, so nothing it held before either
         ids = req.fill_ids()[:n]
         slots = array("i", self.req_to_token.table[req.row, :n].numpy().tobytes()) if n else array("i")
-        cached = self.tree.insert(ids, slots, req.cache_salt)
+        cached = self.cache.insert(ids, slots, req.cache_salt)
         if cached > req.tree_len:
             dup = self.req_to_token.table[req.row, req.tree_len : cached].to(torch.int64)
             self.allocator.free_slots(dup)
@@ -155,13 +154,12 @@ class KVManager:
     def check(self) -> str | None:
         """None when the slot invariant holds, else a message with the numbers."""
         free = self.allocator.available()
-        evictable = self.tree.evictable_size() if self.tree else 0
-        protected = self.tree.protected_size() if self.tree else 0
+        evictable = self.cache.evictable_size()
+        protected = self.cache.protected_size()
         private = sum(r.mapped_len - r.tree_len for r in self.attached)
         total = self.allocator.total_slots
         if free + evictable + protected + private != total:
             return (f"KV slot leak: free {free} + evictable {evictable} + protected {protected} "
                     f"+ private {private} = {free + evictable + protected + private} != total {total}")
-        if self.tree is not None:
-            self.tree.check_integrity()
+        self.cache.check_integrity()
         return None

@@ -16,7 +16,8 @@ def order_waiting(waiting: list[Req], policy: str, kv: KVManager, max_skips: int
     """
     urgent = sorted((r for r in waiting if r.retractions or r.skipped >= max_skips), key=lambda r: r.arrival)
     rest = [r for r in waiting if not (r.retractions or r.skipped >= max_skips)]
-    if policy == "lpm" and kv.tree is not None and len(rest) <= LPM_MAX_QUEUE:
+    # Without a cache every match is 0 and LPM is FCFS: skip the lookups.
+    if policy == "lpm" and kv.cache.enabled and len(rest) <= LPM_MAX_QUEUE:
         for r in rest:
             r.prefix_matched = kv.prefix_len(r)
         rest.sort(key=lambda r: (-r.prefix_matched, r.arrival))

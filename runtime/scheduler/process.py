@@ -153,8 +153,7 @@ def _stats(sched: Scheduler) -> dict[str, float]:
     values["cache_hit_rate"] = sched.counters["cached_tokens"] / prompt if prompt else 0.0
     spec = sched.counters["spec_request_steps"]
     values["spec_accept_length"] = 1 + sched.counters["spec_accepted_tokens"] / spec if spec else 0.0
-    if sched.tree is not None:
-        values["cache_tokens"] = sched.tree.total_size()
+    values["cache_tokens"] = sched.kv.cache.total_size()
     if sched.runner.tp.size > 1:
         values["tp_collective_s"] = sched.runner.tp.collective_s
     return values
