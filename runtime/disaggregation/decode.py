@@ -205,7 +205,7 @@ class DecodeReceiver:
         p = self.pulled.get(msg.room) if msg is not None else None
         if msg is not None and p is None and msg.room in self.finished:
             return  # a late answer for a room that ended here
-        if p is None or p.peer != peer:
+        if msg is None or p is None or p.peer != peer:
             reject(self.counters, "a KV reply not signed with the PD secret, or from a peer that was not pulled")
             return
         room = msg.room
@@ -221,7 +221,7 @@ class DecodeReceiver:
         """A transfer's notification: signed, from the agent it names, with its room's nonce."""
         msg = self.codec.done(raw)
         p = self.pulled.get(msg.room) if msg is not None else None
-        if p is None or msg.agent != agent or not hmac.compare_digest(msg.nonce, p.nonce):
+        if msg is None or p is None or msg.agent != agent or not hmac.compare_digest(msg.nonce, p.nonce):
             reject(self.counters, "a KV notification not signed with the PD secret, from another agent, or "
                                   "without its pull's nonce")
             return
