@@ -31,6 +31,7 @@ from arbor.runtime.disaggregation.protocol import (
     KVPull,
     reject,
 )
+from arbor.runtime.disaggregation.role import NullRole
 from arbor.runtime.disaggregation.transfer import Staging, make_transfer
 from arbor.runtime.memory import KVPool
 from arbor.runtime.messages import FinishAbort
@@ -55,7 +56,7 @@ class _Pulled:
     ended: bool = False  # the request ended (timeout, abort): its staging waits until nothing can write it
 
 
-class DecodeReceiver:
+class DecodeReceiver(NullRole):
     """Requests waiting for slots (`queue`) and for their KV (`pulled`, by room)."""
 
     def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float],
@@ -98,12 +99,6 @@ class DecodeReceiver:
             return False
         self.queue.append((req, time.monotonic()))
         return True
-
-    def keeps(self, req: Req) -> bool:
-        return False
-
-    def ended(self, req: Req) -> None:
-        return None
 
     def step(self, capacity: int) -> tuple[list[Req], list[tuple[Req, KVDone]]]:
         """Pull KV for queued requests (while fewer than `capacity` run or wait for KV) and

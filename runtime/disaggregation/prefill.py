@@ -22,6 +22,7 @@ from arbor.runtime.disaggregation.protocol import (
     KVPull,
     reject,
 )
+from arbor.runtime.disaggregation.role import NullRole
 from arbor.runtime.disaggregation.secret import MAC_BYTES, MAX_FRAME_BYTES
 from arbor.runtime.disaggregation.transfer import make_transfer
 from arbor.runtime.memory import KVPool
@@ -45,7 +46,7 @@ class _Held:
     cancelled: bool = False
 
 
-class PrefillSender:
+class PrefillSender(NullRole):
     """Serves `KVPull`s on the bootstrap port (tcp, --host:--disaggregation-bootstrap-port).
     Every message there must be signed with the PD secret and well formed; any other is
     dropped and counted (`bootstrap_rejected`), and never ends the worker."""
@@ -71,13 +72,6 @@ class PrefillSender:
     @property
     def busy(self) -> bool:
         return bool(self.held) or bool(self.sock.poll(0))
-
-    @property
-    def awaiting(self) -> int:
-        return 0
-
-    def takes(self, req: Req) -> bool:
-        return False
 
     def keeps(self, req: Req) -> bool:
         """A disaggregated request ends here at its first token (max_new_tokens aside); its KV

@@ -56,7 +56,8 @@ class Role(Protocol):
 
 
 class NullRole:
-    """A worker that does both prefill and decode: it holds no request and moves no KV."""
+    """A worker that does both prefill and decode: it holds no request and moves no KV. The
+    prefill and decode sides start from it and override what their side does."""
 
     def __init__(self) -> None:
         self.sockets: list[zmq.Socket] = []
