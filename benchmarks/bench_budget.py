@@ -25,8 +25,8 @@ from peers import dtype_name
 
 from arbor.grammar.json_schema import schema_to_regex
 from arbor.runtime.engine import Engine
+from arbor.runtime.io.tokenizer_manager import RequestRefused
 from arbor.runtime.tiny_model import builtin_model_path
-from arbor.runtime.tokenizer_manager import RequestRefused
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "benchmarks"

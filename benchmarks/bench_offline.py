@@ -178,9 +178,9 @@ def run_multiturn(engines: dict[str, Engine], model: Any, convs: int, turns: int
 def run_overhead(path: Path, dtype: str, batch: int, steps: int) -> dict[str, Any]:
     """Decode steps of a Scheduler whose forward pass is a no-op returning fixed logits."""
     from arbor.runtime.config import ServerArgs
-    from arbor.runtime.messages import TokenizedGenerateReq, pack_ids
+    from arbor.runtime.io.messages import TokenizedGenerateReq, pack_ids
     from arbor.runtime.model.runner import LogitsOutput
-    from arbor.runtime.sampling_params import SamplingParams
+    from arbor.runtime.sampling.params import SamplingParams
     from arbor.runtime.scheduler.scheduler import Scheduler
 
     args = ServerArgs(dtype=dtype, max_running_requests=batch, max_total_tokens=batch * 1024)

@@ -199,7 +199,7 @@ def staging_cost(dtype: str, repeats: int = 15) -> dict[str, float]:
     import torch
 
     from arbor.runtime.disaggregation.transfer import NixlTransfer
-    from arbor.runtime.memory import KVPool
+    from arbor.runtime.kv.pool import KVPool
 
     torch.set_num_threads(1)
     head_dim = SPEC.hidden // SPEC.heads

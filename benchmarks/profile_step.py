@@ -70,7 +70,7 @@ def instrument(sched: Any, clock: Clock) -> None:
     """Wrap the model's parts and the sampler so `clock` sees each one."""
     from torch import nn
 
-    from arbor.runtime.model.packed import PackedLinear
+    from arbor.runtime.model.packed_linear import PackedLinear
 
     model = sched.runner.model
     for module in model.modules():
@@ -101,8 +101,8 @@ def make_scheduler(path: str, dtype: str, batch: int, context: int) -> Any:
 
 
 def add_requests(sched: Any, batch: int, prompt_len: int, max_new: int, rng: random.Random) -> None:
-    from arbor.runtime.messages import TokenizedGenerateReq, pack_ids
-    from arbor.runtime.sampling_params import SamplingParams
+    from arbor.runtime.io.messages import TokenizedGenerateReq, pack_ids
+    from arbor.runtime.sampling.params import SamplingParams
 
     vocab = min(sched.runner.config.vocab_size, 50000)
     for _ in range(batch):
@@ -120,9 +120,9 @@ def ipc_detok_ms(outs: list, tokenizer: Any) -> float:
     """Encode the step's outputs, send them over a real ipc socket, decode, detokenize."""
     import zmq
 
-    from arbor.runtime.detokenizer import IncrementalDetokenizer
-    from arbor.runtime.ipc import IpcDir, Puller, Pusher
-    from arbor.runtime.messages import BatchTokenOut, ToDetokenizer
+    from arbor.runtime.io.detokenizer import IncrementalDetokenizer
+    from arbor.runtime.io.ipc import IpcDir, Puller, Pusher
+    from arbor.runtime.io.messages import BatchTokenOut, ToDetokenizer
 
     ctx, d = zmq.Context(), IpcDir()
     pull = Puller(ctx, d.endpoint("p"), ToDetokenizer)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.processes import free_port
+from arbor.runtime.io.processes import free_port
 
 logger = logging.getLogger("arbor.dp")
 WORKER_READY_S = 900.0  # loading a large checkpoint (and compiling CPU kernels) takes minutes

@@ -13,11 +13,11 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.outputs import GenerateOutput, StreamShaper
-from arbor.runtime.processes import ChildProcesses
-from arbor.runtime.request import split_batch
+from arbor.runtime.io.generate_input import split_batch
+from arbor.runtime.io.outputs import GenerateOutput, StreamShaper
+from arbor.runtime.io.processes import ChildProcesses
+from arbor.runtime.io.tokenizer_manager import Prepared, TokenizerManager
 from arbor.runtime.server.chat import role_markers
-from arbor.runtime.tokenizer_manager import Prepared, TokenizerManager
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

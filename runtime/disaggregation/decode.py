@@ -33,9 +33,9 @@ from arbor.runtime.disaggregation.protocol import (
 )
 from arbor.runtime.disaggregation.role import NullRole
 from arbor.runtime.disaggregation.transfer import Staging, make_transfer
-from arbor.runtime.memory import KVPool
-from arbor.runtime.messages import FinishAbort
-from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.io.messages import FinishAbort
+from arbor.runtime.kv.manager import KVManager
+from arbor.runtime.kv.pool import KVPool
 from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ from arbor.runtime.disaggregation.protocol import (
 from arbor.runtime.disaggregation.role import NullRole
 from arbor.runtime.disaggregation.secret import MAC_BYTES, MAX_FRAME_BYTES
 from arbor.runtime.disaggregation.transfer import make_transfer
-from arbor.runtime.memory import KVPool
-from arbor.runtime.messages import FinishAbort, FinishLength
-from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.io.messages import FinishAbort, FinishLength
+from arbor.runtime.kv.manager import KVManager
+from arbor.runtime.kv.pool import KVPool
 from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ import zmq
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.disaggregation.protocol import KVDone
 from arbor.runtime.disaggregation.secret import require_secret
-from arbor.runtime.memory import KVPool
-from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.kv.manager import KVManager
+from arbor.runtime.kv.pool import KVPool
 from arbor.runtime.scheduler.req import Req
 
 

@@ -19,7 +19,7 @@ import torch
 
 from arbor.runtime.disaggregation.interfaces import ucx_devices
 from arbor.runtime.disaggregation.protocol import PoolLayout
-from arbor.runtime.memory import KVPool
+from arbor.runtime.kv.pool import KVPool
 
 logger = logging.getLogger(__name__)
 

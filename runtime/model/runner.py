@@ -11,14 +11,14 @@ from pathlib import Path
 import torch
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
+from arbor.runtime.kv.pool import KVPool, PageAllocator, ReqToTokenPool
 from arbor.runtime.model.attention import create_backend, resolve_backend
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from arbor.runtime.model.fused import use_cpu_kernels, use_triton_kernels
-from arbor.runtime.model.hot_head import use_hot_head
+from arbor.runtime.model.kernel_select import use_cpu_kernels, use_triton_kernels
 from arbor.runtime.model.loader import load_model
-from arbor.runtime.model.packed import can_pack, pack_linears
+from arbor.runtime.model.packed_linear import can_pack, pack_linears
 from arbor.runtime.model.parallel import SINGLE, TensorParallel
+from arbor.runtime.spec.frequent_token_head import use_frequent_token_head
 
 logger = logging.getLogger(__name__)
 
@@ -60,17 +60,17 @@ class ModelRunner:
 
     def __init__(self, args: ServerArgs, model_path: str, hot_tokens: torch.Tensor | None = None,
                  tp: TensorParallel = SINGLE, num_slots: int | None = None) -> None:
-        """`hot_tokens`: compute logits for these token ids only (a draft's HotHead;
+        """`hot_tokens`: compute logits for these token ids only (a draft's FrequentTokenHead;
         `columns` then names each logits column's token). Under tensor parallelism, `tp` is
         this rank and `num_slots` the KV capacity rank 0 chose."""
         self.device = resolve_device(args.device)
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.tp = tp
-        self.mirror: Callable[[ForwardBatch], None] | None = None  # rank 0: sends each batch to the other ranks
+        self.leader: Callable[[ForwardBatch], None] | None = None  # rank 0: sends each batch to the other ranks
         self.model, self.config = load_model(model_path, self.dtype, self.device, tp)
         self.columns: torch.Tensor | None = None  # None: logits cover the whole vocabulary
         if hot_tokens is not None:
-            self.columns = use_hot_head(self.model, hot_tokens)
+            self.columns = use_frequent_token_head(self.model, hot_tokens)
         cfg = self.config
         self.context_len = min(args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
         ps = args.page_size
@@ -111,8 +111,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> LogitsOutput:
         """Run one step; logits of each request's last new token (and of all, if asked)."""
-        if self.mirror is not None:
-            self.mirror(batch)
+        if self.leader is not None:
+            self.leader(batch)
         batch.attn_backend = self.attn_backend
         self.attn_backend.init_forward_metadata(batch)
         hidden = self.model(batch)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from arbor.radix.key import TOKEN_BYTES, common_prefix_bytes, to_key
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.kv.manager import KVManager
 from arbor.runtime.model.runner import ModelRunner
-from arbor.runtime.scheduler.kv_manager import KVManager
 from arbor.runtime.scheduler.policy import order_waiting
 from arbor.runtime.scheduler.req import Req
 

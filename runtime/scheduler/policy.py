@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from arbor.runtime.scheduler.kv_manager import KVManager
+from arbor.runtime.kv.manager import KVManager
 from arbor.runtime.scheduler.req import Req
 
 LPM_MAX_QUEUE = 256  # past this many waiting requests, matching each one costs more than it saves

@@ -9,9 +9,9 @@ import torch.distributed
 import zmq
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.heartbeat import Heartbeat
-from arbor.runtime.ipc import Puller, Pusher
-from arbor.runtime.messages import (
+from arbor.runtime.io.heartbeat import Heartbeat
+from arbor.runtime.io.ipc import Puller, Pusher
+from arbor.runtime.io.messages import (
     AbortReq,
     BatchTokenOut,
     FlushCacheReq,
@@ -25,7 +25,7 @@ from arbor.runtime.messages import (
 )
 from arbor.runtime.model.parallel import SINGLE
 from arbor.runtime.scheduler.scheduler import Scheduler
-from arbor.runtime.scheduler.tensor_parallel import Mirror, init_rank, share_cores
+from arbor.runtime.scheduler.tensor_parallel import TpLeader, init_rank, share_cores
 
 logger = logging.getLogger("arbor.scheduler")
 IDLE_POLL_MS = 1000
@@ -41,17 +41,17 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
     ctx = zmq.Context()
     inbox = Puller(ctx, endpoints["scheduler"], ToScheduler)
     out = Pusher(ctx, endpoints["detokenizer"])
-    mirror = Mirror(ctx, endpoints, args.tp_size) if args.tp_size > 1 else None
+    leader = TpLeader(ctx, endpoints, args.tp_size) if args.tp_size > 1 else None
     try:
         share_cores(args)
-        tp = init_rank(args, 0, tp_port) if mirror is not None else SINGLE
-        sched = Scheduler(args, model_path, tokenizer_path, tp, mirror)
+        tp = init_rank(args, 0, tp_port) if leader is not None else SINGLE
+        sched = Scheduler(args, model_path, tokenizer_path, tp, leader)
     except Exception as exc:  # e.g. a bad checkpoint: the front door reports this message
         _report(ctx, endpoints, exc)
         inbox.close()
         out.close()
-        if mirror is not None:
-            mirror.close()
+        if leader is not None:
+            leader.close()
         ctx.term()  # flushes the report
         raise SystemExit(1) from None
     runner = sched.runner
@@ -70,8 +70,8 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
         sched.close()
         inbox.close()
         out.close()
-        if mirror is not None:
-            mirror.close()
+        if leader is not None:
+            leader.close()
             torch.distributed.destroy_process_group()
         ctx.term()
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arbor.radix.node import TreeNode
-from arbor.runtime.messages import Bootstrap, FinishReason, OutputOptions
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.io.messages import Bootstrap, FinishReason, OutputOptions
+from arbor.runtime.sampling.params import SamplingParams
 
 
 @dataclass(eq=False)

@@ -17,7 +17,7 @@ import zmq
 from arbor.grammar.compiler import GrammarBusy
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.disaggregation.role import make_role
-from arbor.runtime.messages import (
+from arbor.runtime.io.messages import (
     FinishAbort,
     FinishLength,
     FinishReason,
@@ -27,18 +27,18 @@ from arbor.runtime.messages import (
     pack_ids,
     unpack_ids,
 )
+from arbor.runtime.kv.manager import KVManager, make_prefix_cache
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.parallel import SINGLE, TensorParallel
 from arbor.runtime.model.runner import ModelRunner
-from arbor.runtime.model.sampler import Sampler
+from arbor.runtime.sampling.logits import prepare_logits, prompt_logprobs, token_logprobs
+from arbor.runtime.sampling.sampler import Sampler
 from arbor.runtime.scheduler.admission import Admission
-from arbor.runtime.scheduler.grammar import GrammarBackend
-from arbor.runtime.scheduler.kv_manager import KVManager, make_prefix_cache
-from arbor.runtime.scheduler.logits import prepare_logits, prompt_logprobs, token_logprobs
+from arbor.runtime.scheduler.grammar_manager import GrammarManager
 from arbor.runtime.scheduler.req import Req
-from arbor.runtime.scheduler.spec_step import SpeculativeStep
-from arbor.runtime.scheduler.speculative import make_proposer
-from arbor.runtime.scheduler.tensor_parallel import Mirror
+from arbor.runtime.scheduler.tensor_parallel import TpLeader
+from arbor.runtime.spec.decoder import SpeculativeStep
+from arbor.runtime.spec.proposer import make_proposer
 
 logger = logging.getLogger(__name__)
 
@@ -52,20 +52,20 @@ class Scheduler(Admission, SpeculativeStep):
     prefill batch lives in `admission.py`, a speculative decode step in `spec_step.py`."""
 
     def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str | None = None,
-                 tp: TensorParallel = SINGLE, mirror: Mirror | None = None) -> None:
-        """Under tensor parallelism this is rank 0: `mirror` sends each forward to the other ranks."""
+                 tp: TensorParallel = SINGLE, leader: TpLeader | None = None) -> None:
+        """Under tensor parallelism this is rank 0: `leader` sends each forward to the other ranks."""
         self.args = args
         self.tokenizer_path = tokenizer_path or model_path
         self.runner = ModelRunner(args, model_path, tp=tp)
-        if mirror is not None:
-            mirror.setup(self.runner.kv_pool.num_slots)
-            self.runner.mirror = mirror
+        if leader is not None:
+            leader.setup(self.runner.kv_pool.num_slots)
+            self.runner.leader = leader
         self.kv = KVManager(self.runner.allocator, self.runner.req_to_token,
                             make_prefix_cache(args.page_size, args.disable_radix_cache))
         self.sampler = Sampler(args.random_seed, self.runner.device)
         self.eos_ids = list(self.runner.config.eos_token_ids)
         self.waiting: list[Req] = []
-        self.grammar: GrammarBackend | None = None  # started by the first constrained request
+        self.grammar: GrammarManager | None = None  # started by the first constrained request
         self.compiling: list[Req] = []  # constrained requests whose grammar is not ready yet
         self.running: list[Req] = []  # decoding
         self.chunked: Req | None = None  # mid-prefill of a long prompt
@@ -114,9 +114,9 @@ class Scheduler(Admission, SpeculativeStep):
         if not self.pd.takes(req):
             self.waiting.append(req)
 
-    def _grammar(self) -> GrammarBackend:
+    def _grammar(self) -> GrammarManager:
         if self.grammar is None:
-            self.grammar = GrammarBackend(self.args, self.tokenizer_path, self.eos_ids, self.runner.config.vocab_size)
+            self.grammar = GrammarManager(self.args, self.tokenizer_path, self.eos_ids, self.runner.config.vocab_size)
         return self.grammar
 
     def _grammars_ready(self) -> list[ReqOut]:

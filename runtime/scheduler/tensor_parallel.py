@@ -21,12 +21,12 @@ import torch.distributed as dist
 import zmq
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.ipc import Puller, Pusher
+from arbor.runtime.io.ipc import Puller, Pusher
+from arbor.runtime.io.processes import tp_endpoint
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.parallel import TensorParallel
 from arbor.runtime.model.ragged import indptr, ragged_cells
 from arbor.runtime.model.runner import ModelRunner
-from arbor.runtime.processes import tp_endpoint
 
 logger = logging.getLogger("arbor.tp")
 COLLECTIVE_TIMEOUT_S = 120  # a collective that waits longer means a rank is gone
@@ -75,7 +75,7 @@ def init_rank(args: ServerArgs, rank: int, port: int) -> TensorParallel:
     return TensorParallel(rank, args.tp_size)
 
 
-class Mirror:
+class TpLeader:
     """Rank 0's side: sends each forward batch to every other rank."""
 
     def __init__(self, ctx: zmq.Context, endpoints: dict[str, str], size: int) -> None:

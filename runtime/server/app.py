@@ -16,8 +16,9 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.outputs import GenerateOutput, StreamShaper
-from arbor.runtime.request import GenerateInput, split_batch
+from arbor.runtime.io.generate_input import GenerateInput, split_batch
+from arbor.runtime.io.outputs import GenerateOutput, StreamShaper
+from arbor.runtime.io.tokenizer_manager import EngineDead, Prepared
 from arbor.runtime.server.auth import Keys
 from arbor.runtime.server.chat import role_markers
 from arbor.runtime.server.errors import ApiError
@@ -26,7 +27,6 @@ from arbor.runtime.server.openai_api import openai_routes
 from arbor.runtime.server.openapi import install_openapi
 from arbor.runtime.server.protocol import AbortRequest, GenerateRequest
 from arbor.runtime.server.state import ServerState, caller_of, read_body, sse
-from arbor.runtime.tokenizer_manager import EngineDead, Prepared
 
 logger = logging.getLogger("arbor.server")
 METRICS_TYPE = "text/plain; version=0.0.4"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.messages import Bootstrap
+from arbor.runtime.io.messages import Bootstrap
 from arbor.runtime.server.auth import Caller
 from arbor.runtime.server.errors import ApiError
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from arbor.runtime.outputs import GenerateOutput, MetaInfo
+from arbor.runtime.io.outputs import GenerateOutput, MetaInfo
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from arbor.runtime.io.tokenizer_manager import EngineDead
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.redact import public
-from arbor.runtime.tokenizer_manager import EngineDead
 
 LOOPBACK = "127.0.0.1"  # always: the port has no key, so only this machine may reach it
 HEAD_LIMIT = 8192  # bytes of request line and headers

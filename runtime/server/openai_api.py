@@ -11,16 +11,22 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from arbor.runtime.messages import Bootstrap, FinishAbort, FinishInvalid, FinishLength, FinishStop
-from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
-from arbor.runtime.request import GenerateInput
-from arbor.runtime.server.answer import AnswerShape, AnswerStream
+from arbor.runtime.io.generate_input import GenerateInput
+from arbor.runtime.io.messages import (
+    Bootstrap,
+    FinishAbort,
+    FinishInvalid,
+    FinishLength,
+    FinishStop,
+)
+from arbor.runtime.io.outputs import GenerateOutput, LogprobEntry, MetaInfo
+from arbor.runtime.io.tokenizer_manager import Prepared
+from arbor.runtime.server.chat_choice import AnswerShape, AnswerStream
 from arbor.runtime.server.errors import ApiError
 from arbor.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, ResponseFormat
 from arbor.runtime.server.reasoning import make_reasoning_parser
 from arbor.runtime.server.state import ServerState, caller_of, read_body, sse
 from arbor.runtime.server.tools import plan_tools, template_message
-from arbor.runtime.tokenizer_manager import Prepared
 
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20

@@ -17,10 +17,11 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.messages import Bootstrap
-from arbor.runtime.outputs import GenerateOutput
-from arbor.runtime.processes import ChildProcesses
-from arbor.runtime.request import GenerateInput, bootstrap_of
+from arbor.runtime.io.generate_input import GenerateInput, bootstrap_of
+from arbor.runtime.io.messages import Bootstrap
+from arbor.runtime.io.outputs import GenerateOutput
+from arbor.runtime.io.processes import ChildProcesses
+from arbor.runtime.io.tokenizer_manager import EngineDead, Prepared, TokenizerManager
 from arbor.runtime.server.auth import OPEN, Caller, Keys
 from arbor.runtime.server.bootstrap_gate import BootstrapGate
 from arbor.runtime.server.chat import ChatTokenizer
@@ -28,7 +29,6 @@ from arbor.runtime.server.errors import ApiError, decode, refusing
 from arbor.runtime.server.metrics import Metrics
 from arbor.runtime.server.redact import hide
 from arbor.runtime.server.tenant_usage import TenantUsage
-from arbor.runtime.tokenizer_manager import EngineDead, Prepared, TokenizerManager
 
 logger = logging.getLogger("arbor.server")
 DISCONNECT_POLL_S = 0.25

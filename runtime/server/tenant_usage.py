@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
-from arbor.runtime.outputs import GenerateOutput
+from arbor.runtime.io.outputs import GenerateOutput
 
 MAX_TENANTS = 4096  # keys come from files, so this is a guard, not a limit anyone should meet
 

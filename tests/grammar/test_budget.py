@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from arbor.runtime.engine import Engine
-from arbor.runtime.tokenizer_manager import RequestRefused
+from arbor.runtime.io.tokenizer_manager import RequestRefused
 
 BENCH = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "jsonschemabench"
 NAMES = (

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 
 from arbor.runtime.engine import Engine
+from arbor.runtime.io.tokenizer_manager import RequestRefused
 from arbor.runtime.tiny_model import TinySpec, make_tiny_model
-from arbor.runtime.tokenizer_manager import RequestRefused
 from tests.grammar.conftest import LLAMA2
 from tests.grammar.schemas import CHOICES, REGEXES, SCHEMAS
 

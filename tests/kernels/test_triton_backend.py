@@ -9,7 +9,7 @@ import torch
 
 from arbor.kernels.norm import rmsnorm_triton
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.memory import reserve_positions
+from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.runner import ModelRunner
 
@@ -58,8 +58,8 @@ def test_speculative_verify_through_the_triton_backend(tiny_model) -> None:
     """The verify step is an extend with every position's logits: under the triton backend
     (its extend kernel, in Triton's interpreter here) greedy n-gram speculation gives the
     tokens plain decoding gives."""
-    from arbor.runtime.messages import TokenizedGenerateReq, pack_ids, unpack_ids
-    from arbor.runtime.sampling_params import SamplingParams
+    from arbor.runtime.io.messages import TokenizedGenerateReq, pack_ids, unpack_ids
+    from arbor.runtime.sampling.params import SamplingParams
     from arbor.runtime.scheduler.scheduler import Scheduler
 
     path = str(tiny_model("llama"))

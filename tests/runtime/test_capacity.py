@@ -4,8 +4,14 @@ pool all finish, equal to a roomy pool's outputs, with prompt logprobs intact.""
 from __future__ import annotations
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.messages import FinishLength, ReqOut, TokenizedGenerateReq, pack_ids, unpack_ids
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.io.messages import (
+    FinishLength,
+    ReqOut,
+    TokenizedGenerateReq,
+    pack_ids,
+    unpack_ids,
+)
+from arbor.runtime.sampling.params import SamplingParams
 from arbor.runtime.scheduler.scheduler import Scheduler
 
 MAX_STEPS = 2000

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, LlamaTokenizer
 
-from arbor.runtime.detokenizer import IncrementalDetokenizer
-from arbor.runtime.messages import (
+from arbor.runtime.io.detokenizer import IncrementalDetokenizer
+from arbor.runtime.io.messages import (
     FinishLength,
     FinishReason,
     FinishStop,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from arbor.runtime.engine import Engine
-from arbor.runtime.tokenizer_manager import EngineDead
+from arbor.runtime.io.tokenizer_manager import EngineDead
 
 
 def gone(pid: int, within_s: float = 10.0) -> bool:
@@ -79,6 +79,6 @@ def test_child_that_fails_to_start_is_reported(tiny_model, tmp_path):
 
 def _is_arbor_child(pid: str) -> bool:
     try:
-        return b"arbor.runtime.processes" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"arbor.runtime.io.processes" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False

@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from arbor.runtime.engine import Engine
-from arbor.runtime.memory import PageAllocator, ReqToTokenPool, reserve_positions
+from arbor.runtime.kv.pool import PageAllocator, ReqToTokenPool, reserve_positions
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
-from arbor.runtime.model.sampler import Sampler, SamplingBatch
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.sampling.params import SamplingParams
+from arbor.runtime.sampling.sampler import Sampler, SamplingBatch
 from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 
 

@@ -4,8 +4,14 @@ error), every other request finishes as if nothing happened, and the KV invarian
 from __future__ import annotations
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.messages import FinishAbort, FinishLength, ReqOut, TokenizedGenerateReq, pack_ids
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.io.messages import (
+    FinishAbort,
+    FinishLength,
+    ReqOut,
+    TokenizedGenerateReq,
+    pack_ids,
+)
+from arbor.runtime.sampling.params import SamplingParams
 from arbor.runtime.scheduler.scheduler import Scheduler
 
 
@@ -21,7 +27,7 @@ def _run(sched: Scheduler, outs: list[ReqOut]) -> dict[str, ReqOut]:
 
 
 def _ids(outs: list[ReqOut], rid: str) -> list[int]:
-    from arbor.runtime.messages import unpack_ids
+    from arbor.runtime.io.messages import unpack_ids
 
     return [t for o in outs if o.rid == rid for t in unpack_ids(o.new_ids)]
 

@@ -9,7 +9,7 @@ import torch
 
 from arbor import Engine
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.memory import as_stored, to_kv_dtype
+from arbor.runtime.kv.pool import as_stored, to_kv_dtype
 from arbor.runtime.model import runner as runner_module
 from arbor.runtime.model.runner import ModelRunner
 

@@ -7,9 +7,9 @@ from array import array
 import pytest
 import torch
 
-from arbor.runtime.memory import PageAllocator, ReqToTokenPool
-from arbor.runtime.sampling_params import SamplingParams
-from arbor.runtime.scheduler.kv_manager import KVManager, make_prefix_cache
+from arbor.runtime.kv.manager import KVManager, make_prefix_cache
+from arbor.runtime.kv.pool import PageAllocator, ReqToTokenPool
+from arbor.runtime.sampling.params import SamplingParams
 from arbor.runtime.scheduler.req import Req
 
 PAGE = 4

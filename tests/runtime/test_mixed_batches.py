@@ -9,8 +9,8 @@ import random
 import pytest
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.messages import TokenizedGenerateReq, pack_ids, unpack_ids
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.io.messages import TokenizedGenerateReq, pack_ids, unpack_ids
+from arbor.runtime.sampling.params import SamplingParams
 from arbor.runtime.scheduler.scheduler import Scheduler
 
 

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.engine import Engine
-from arbor.runtime.memory import reserve_positions
+from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.runner import ModelRunner
 

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.messages import TokenizedGenerateReq, pack_ids, unpack_ids
+from arbor.runtime.io.messages import TokenizedGenerateReq, pack_ids, unpack_ids
 from arbor.runtime.model import runner
-from arbor.runtime.model.packed import PackedLinear, can_pack, pack_linears
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.model.packed_linear import PackedLinear, can_pack, pack_linears
+from arbor.runtime.sampling.params import SamplingParams
 from arbor.runtime.scheduler.scheduler import Scheduler
 
 pytestmark = pytest.mark.skipif(not can_pack(torch.bfloat16, torch.device("cpu")), reason="no oneDNN")

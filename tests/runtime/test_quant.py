@@ -17,7 +17,7 @@ from arbor import Engine
 from arbor.kernels import cpu_ops
 from arbor.kernels.reference import woq_dequantize_ref
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.memory import reserve_positions
+from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
 from arbor.runtime.model.quant.formats import unpack_int32

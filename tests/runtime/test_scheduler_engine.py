@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from arbor.runtime.engine import Engine
-from arbor.runtime.model.penalties import apply_penalties
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.sampling.params import SamplingParams
+from arbor.runtime.sampling.penalties import apply_penalties
 
 
 def greedy(max_new: int, **extra) -> dict:

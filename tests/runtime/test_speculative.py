@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from arbor import Engine
-from arbor.runtime.model.sampler import Sampler, SamplingBatch
-from arbor.runtime.sampling_params import SamplingParams
-from arbor.runtime.scheduler.speculative import NgramProposer, verify
+from arbor.runtime.sampling.params import SamplingParams
+from arbor.runtime.sampling.sampler import Sampler, SamplingBatch
+from arbor.runtime.spec.proposer import NgramProposer, verify
 
 
 def test_ngram_proposes_what_followed_the_latest_longest_match() -> None:

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.memory import reserve_positions
+from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.model_config import CheckpointError
 from arbor.runtime.model.parallel import TensorParallel

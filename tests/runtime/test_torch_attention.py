@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from arbor.kernels.reference import extend_attention_ref
-from arbor.runtime.memory import KVPool, PageAllocator, ReqToTokenPool, reserve_positions
+from arbor.runtime.kv.pool import KVPool, PageAllocator, ReqToTokenPool, reserve_positions
 from arbor.runtime.model.attention.cascade import MIN_SHARED, find_shared_prefixes
 from arbor.runtime.model.attention.torch_backend import TorchAttnBackend
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode

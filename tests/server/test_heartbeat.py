@@ -14,7 +14,7 @@ TIMEOUT_S = 3
 
 
 def _child(parent: int, role: str) -> int:
-    """The pid of the server's `arbor.runtime.processes ROLE` child."""
+    """The pid of the server's `arbor.runtime.io.processes ROLE` child."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -23,7 +23,7 @@ def _child(parent: int, role: str) -> int:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == parent and b"arbor.runtime.processes" in argv and role.encode() in argv:
+        if ppid == parent and b"arbor.runtime.io.processes" in argv and role.encode() in argv:
             return int(proc.name)
     raise AssertionError(f"no {role} child of {parent}")
 

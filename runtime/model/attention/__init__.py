@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from arbor.runtime.memory import KVPool, ReqToTokenPool
+from arbor.runtime.kv.pool import KVPool, ReqToTokenPool
 from arbor.runtime.model.attention.base import AttentionBackend
 
 BACKENDS = {

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from arbor.runtime.memory import KVPool, ReqToTokenPool
+from arbor.runtime.kv.pool import KVPool, ReqToTokenPool
 from arbor.runtime.model.forward_batch import ForwardBatch
 
 

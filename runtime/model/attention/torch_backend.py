@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from arbor.kernels import cpu_ops
-from arbor.runtime.memory import KVPool, ReqToTokenPool, as_stored
+from arbor.runtime.kv.pool import KVPool, ReqToTokenPool, as_stored
 from arbor.runtime.model.attention.base import AttentionBackend
 from arbor.runtime.model.attention.cascade import (
     SharedPrefix,

@@ -14,7 +14,7 @@ import torch
 from arbor.kernels.decode_attention import choose_splits, decode_attention_triton
 from arbor.kernels.extend_attention import extend_attention_triton
 from arbor.kernels.kv_store import store_kv_triton
-from arbor.runtime.memory import KVPool, ReqToTokenPool, as_stored, to_kv_dtype
+from arbor.runtime.kv.pool import KVPool, ReqToTokenPool, as_stored, to_kv_dtype
 from arbor.runtime.model.attention.base import AttentionBackend
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.ragged import gather_rows, indptr

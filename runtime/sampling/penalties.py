@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.sampling.params import SamplingParams
 
 
 def apply_penalties(

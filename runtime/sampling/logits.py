@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from arbor.runtime.model.penalties import apply_penalties, block_stop_tokens
-from arbor.runtime.model.sampler import SamplingBatch
-from arbor.runtime.scheduler.grammar import GrammarBackend
+from arbor.runtime.sampling.penalties import apply_penalties, block_stop_tokens
+from arbor.runtime.sampling.sampler import SamplingBatch
+from arbor.runtime.scheduler.grammar_manager import GrammarManager
 from arbor.runtime.scheduler.req import Req
 
 
-def prepare_logits(reqs: list[Req], logits: torch.Tensor, eos_ids: list[int], grammar: GrammarBackend | None,
+def prepare_logits(reqs: list[Req], logits: torch.Tensor, eos_ids: list[int], grammar: GrammarManager | None,
                    ahead: list[list[int]] | None = None) -> tuple[torch.Tensor, SamplingBatch]:
     """Apply penalties, min-token stop blocking and grammar masks to each row, and build its
     sampling parameters. Row i belongs to reqs[i] as if `ahead[i]` (guesses still being

@@ -21,13 +21,13 @@ from arbor.grammar.reasoning_gate import ReasoningGate
 from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.kernels.reference import apply_token_bitmask_ref
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.messages import FinishAbort
+from arbor.runtime.io.messages import FinishAbort
 from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
 
 
-class GrammarBackend:
+class GrammarManager:
     """Compiles constraints asynchronously and steps each constrained request's matcher."""
 
     def __init__(self, args: ServerArgs, tokenizer_path: str, eos_ids: list[int], logits_size: int) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from arbor.grammar.constraint import Constraint
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.sampling.params import SamplingParams
 
 
 def pack_ids(ids: list[int] | array) -> bytes:

@@ -1,6 +1,6 @@
 """Start, watch and stop the scheduler and detokenizer processes.
 
-Children are fresh interpreters (`python -m arbor.runtime.processes ROLE`, their JSON spec on
+Children are fresh interpreters (`python -m arbor.runtime.io.processes ROLE`, their JSON spec on
 stdin), not forks or
 multiprocessing spawns: they never re-import the caller's main module (so scripts need no
 `if __name__ == "__main__"` guard) and receive only JSON: ServerArgs, paths, endpoints.
@@ -17,8 +17,8 @@ import sys
 import msgspec
 
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.heartbeat import Heartbeat, HeartbeatBoard
-from arbor.runtime.ipc import IpcDir
+from arbor.runtime.io.heartbeat import Heartbeat, HeartbeatBoard
+from arbor.runtime.io.ipc import IpcDir
 
 logger = logging.getLogger(__name__)
 ENDPOINTS = ("scheduler", "detokenizer", "front")
@@ -34,7 +34,7 @@ class ChildSpec(msgspec.Struct, kw_only=True):
     endpoints: dict[str, str]
     rank: int = 0  # tensor-parallel rank (the scheduler is rank 0)
     tp_port: int = 0  # the tensor-parallel process group's rendezvous port on 127.0.0.1
-    heartbeat: str  # the heartbeat slots' file (runtime/heartbeat.py)
+    heartbeat: str  # the heartbeat slots' file (runtime/io/heartbeat.py)
 
 
 class ChildProcesses:
@@ -60,7 +60,7 @@ class ChildProcesses:
         roles = [("scheduler", 0), ("detokenizer", 0)] + [(f"tp rank {r}", r) for r in range(1, self.spec.args.tp_size)]
         for name, rank in roles:
             role = "tp_worker" if rank else name
-            proc = subprocess.Popen([sys.executable, "-m", "arbor.runtime.processes", role], stdin=subprocess.PIPE)
+            proc = subprocess.Popen([sys.executable, "-m", "arbor.runtime.io.processes", role], stdin=subprocess.PIPE)
             assert proc.stdin is not None
             proc.stdin.write(msgspec.json.encode(msgspec.structs.replace(self.spec, rank=rank)))
             proc.stdin.close()
@@ -125,7 +125,7 @@ def _main(role: str, raw: bytes) -> None:
 
         run_follower(spec.args, spec.model_path, spec.endpoints, spec.rank, spec.tp_port)
     elif role == "detokenizer":
-        from arbor.runtime.detokenizer import run_detokenizer
+        from arbor.runtime.io.detokenizer import run_detokenizer
 
         run_detokenizer(spec.tokenizer_path, spec.endpoints, Heartbeat(spec.heartbeat, role))
     else:

@@ -28,8 +28,9 @@ from arbor.grammar.constraint import (
 from arbor.grammar.linear_regex import ProgramBudget, compile_linear
 from arbor.grammar.reasoning_gate import THINK_END, THINK_START
 from arbor.runtime.config import ServerArgs
-from arbor.runtime.ipc import AsyncPuller, AsyncPusher
-from arbor.runtime.messages import (
+from arbor.runtime.io.generate_input import GenerateInput
+from arbor.runtime.io.ipc import AsyncPuller, AsyncPusher
+from arbor.runtime.io.messages import (
     AbortReq,
     BatchTextOut,
     FinishAbort,
@@ -48,10 +49,9 @@ from arbor.runtime.messages import (
     TokenizedGenerateReq,
     pack_ids,
 )
-from arbor.runtime.outputs import GenerateOutput, LogprobEntry, MetaInfo
-from arbor.runtime.processes import ChildProcesses
-from arbor.runtime.request import GenerateInput
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.io.outputs import GenerateOutput, LogprobEntry, MetaInfo
+from arbor.runtime.io.processes import ChildProcesses
+from arbor.runtime.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 CHILDREN = ("scheduler", "detokenizer")

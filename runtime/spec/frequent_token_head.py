@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 
-class HotHead(nn.Module):
+class FrequentTokenHead(nn.Module):
     """Logits [N, hot tokens]: the hot rows of the full head's weight, in `hot`'s order (a
     greedy pick is `hot[argmax]`; `full_vocab` spreads them over the vocabulary)."""
 
@@ -48,9 +48,9 @@ def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
     return ids
 
 
-def use_hot_head(model: nn.Module, hot: torch.Tensor) -> torch.Tensor:
-    """Give `model` a HotHead in place of its LM head (tied or not; call before packing);
+def use_frequent_token_head(model: nn.Module, hot: torch.Tensor) -> torch.Tensor:
+    """Give `model` a FrequentTokenHead in place of its LM head (tied or not; call before packing);
     returns the token id of each of its logits' columns."""
     head = model.lm_head if model.lm_head is not None else model.embed_tokens
-    model.lm_head = HotHead(head.weight, hot)
+    model.lm_head = FrequentTokenHead(head.weight, hot)
     return model.lm_head.hot

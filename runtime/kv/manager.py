@@ -11,7 +11,7 @@ import torch
 from arbor.radix.cache import RadixCache
 from arbor.radix.null_cache import NullPrefixCache
 from arbor.radix.prefix_cache import PrefixCache
-from arbor.runtime.memory import PageAllocator, ReqToTokenPool, reserve_positions
+from arbor.runtime.kv.pool import PageAllocator, ReqToTokenPool, reserve_positions
 from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)

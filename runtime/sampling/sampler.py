@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from arbor.kernels.cpu_ops import argmax_cpu
-from arbor.runtime.sampling_params import SamplingParams
+from arbor.runtime.sampling.params import SamplingParams
 
 
 @dataclass

@@ -9,15 +9,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from arbor.runtime.messages import ReqOut
+from arbor.runtime.io.messages import ReqOut
+from arbor.runtime.kv.manager import KVManager
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.runner import ModelRunner
-from arbor.runtime.model.sampler import Sampler
-from arbor.runtime.scheduler.grammar import GrammarBackend
-from arbor.runtime.scheduler.kv_manager import KVManager
-from arbor.runtime.scheduler.logits import prepare_logits, token_logprobs
+from arbor.runtime.sampling.logits import prepare_logits, token_logprobs
+from arbor.runtime.sampling.sampler import Sampler
+from arbor.runtime.scheduler.grammar_manager import GrammarManager
 from arbor.runtime.scheduler.req import Req
-from arbor.runtime.scheduler.speculative import Proposer, verify
+from arbor.runtime.spec.proposer import Proposer, verify
 
 
 class SpeculativeStep:
@@ -26,7 +26,7 @@ class SpeculativeStep:
 
     runner: ModelRunner
     kv: KVManager
-    grammar: GrammarBackend | None
+    grammar: GrammarManager | None
     sampler: Sampler
     eos_ids: list[int]
     proposer: Proposer | None

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from arbor.runtime.messages import FinishReason
+from arbor.runtime.io.messages import FinishReason
 
 
 class LogprobEntry(NamedTuple):

@@ -23,8 +23,8 @@ import torch
 
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.model.runner import ModelRunner
-from arbor.runtime.model.sampler import Sampler, SamplingBatch
-from arbor.runtime.scheduler.grammar import GrammarBackend
+from arbor.runtime.sampling.sampler import Sampler, SamplingBatch
+from arbor.runtime.scheduler.grammar_manager import GrammarManager
 from arbor.runtime.scheduler.req import Req
 
 
@@ -36,7 +36,7 @@ class NgramProposer:
     def __init__(self, num_tokens: int, min_match: int, max_match: int) -> None:
         self.k, self.min_match, self.max_match = num_tokens, min_match, max_match
 
-    def propose(self, reqs: list[Req], budgets: list[int], grammar: GrammarBackend | None = None) -> list[list[int]]:
+    def propose(self, reqs: list[Req], budgets: list[int], grammar: GrammarManager | None = None) -> list[list[int]]:
         """Guesses for each request, at most its budget (the scheduler cuts them to grammars)."""
         return [self.guess(np.frombuffer(r.fill_ids(), dtype=np.int32), b) for r, b in zip(reqs, budgets)]
 
@@ -66,7 +66,7 @@ class NgramProposer:
 class Proposer(Protocol):
     """What the scheduler asks of a guesser."""
 
-    def propose(self, reqs: list[Req], budgets: list[int], grammar: GrammarBackend | None = None) -> list[list[int]]:
+    def propose(self, reqs: list[Req], budgets: list[int], grammar: GrammarManager | None = None) -> list[list[int]]:
         """Up to budgets[i] guesses for each request; `grammar` steps constrained ones."""
 
     def commit(self, req: Req, kept: int) -> None:
@@ -82,7 +82,7 @@ def make_proposer(args: ServerArgs, target: ModelRunner) -> Proposer | None:
         return NgramProposer(args.speculative_num_draft_tokens, args.speculative_ngram_min_match,
                              args.speculative_ngram_max_match)
     if args.speculative_algorithm == "draft":
-        from arbor.runtime.scheduler.draft import DraftProposer
+        from arbor.runtime.spec.draft import DraftProposer
 
         return DraftProposer(args, target)
     return None

@@ -10,9 +10,9 @@ from typing import Any
 import zmq
 
 from arbor.grammar.linear_regex import compile_linear
-from arbor.runtime.heartbeat import Heartbeat
-from arbor.runtime.ipc import Puller, Pusher
-from arbor.runtime.messages import (
+from arbor.runtime.io.heartbeat import Heartbeat
+from arbor.runtime.io.ipc import Puller, Pusher
+from arbor.runtime.io.messages import (
     AbortReq,
     BatchTextOut,
     BatchTokenOut,

@@ -10,7 +10,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
-from arbor.runtime.messages import Bootstrap
+from arbor.runtime.io.messages import Bootstrap
 
 PER_PROMPT = ("return_logprob", "logprob_start_len", "top_logprobs_num", "rid", "bootstrap")
 

@@ -7,15 +7,20 @@ import pytest
 import torch
 from torch import nn
 
-from arbor.runtime.model.hot_head import HotHead, full_vocab, load_token_map, use_hot_head
+from arbor.runtime.spec.frequent_token_head import (
+    FrequentTokenHead,
+    full_vocab,
+    load_token_map,
+    use_frequent_token_head,
+)
 
 
-def test_hot_head_matches_the_full_head_on_hot_tokens() -> None:
+def test_frequent_token_head_matches_the_full_head_on_hot_tokens() -> None:
     torch.manual_seed(0)
     weight = torch.randn(50, 8)
     hot = torch.tensor([0, 7, 9, 31, 49])
     hidden = torch.randn(3, 8)
-    out = HotHead(weight, hot)(hidden)
+    out = FrequentTokenHead(weight, hot)(hidden)
     full = hidden @ weight.T
     assert out.shape == (3, 5)
     assert torch.allclose(out, full[:, hot], atol=1e-6)
@@ -29,11 +34,11 @@ def test_hot_head_matches_the_full_head_on_hot_tokens() -> None:
     assert torch.equal(hot[out.argmax(-1)], spread.argmax(-1))
 
 
-def test_use_hot_head_replaces_a_tied_head() -> None:
+def test_use_frequent_token_head_replaces_a_tied_head() -> None:
     model = nn.Module()
     model.embed_tokens, model.lm_head = nn.Embedding(20, 4), None
-    assert use_hot_head(model, torch.tensor([3, 5])).tolist() == [3, 5]
-    assert isinstance(model.lm_head, HotHead)
+    assert use_frequent_token_head(model, torch.tensor([3, 5])).tolist() == [3, 5]
+    assert isinstance(model.lm_head, FrequentTokenHead)
     assert torch.equal(model.lm_head.proj.weight, model.embed_tokens.weight[[3, 5]])
 
 

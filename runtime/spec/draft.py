@@ -18,12 +18,12 @@ import torch
 
 from arbor.kernels.cpu_ops import argmax_cpu
 from arbor.runtime.config import ServerArgs
+from arbor.runtime.kv.manager import KVManager, make_prefix_cache
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
-from arbor.runtime.model.hot_head import full_vocab, load_token_map
 from arbor.runtime.model.runner import ModelRunner
-from arbor.runtime.scheduler.grammar import GrammarBackend
-from arbor.runtime.scheduler.kv_manager import KVManager, make_prefix_cache
+from arbor.runtime.scheduler.grammar_manager import GrammarManager
 from arbor.runtime.scheduler.req import Req
+from arbor.runtime.spec.frequent_token_head import full_vocab, load_token_map
 
 
 class DraftProposer:
@@ -44,7 +44,7 @@ class DraftProposer:
         self.shadows: dict[int, Req] = {}
         self.written: dict[int, int] = {}  # per shadow: guesses whose K/V the last proposal wrote
 
-    def propose(self, reqs: list[Req], budgets: list[int], grammar: GrammarBackend | None = None) -> list[list[int]]:
+    def propose(self, reqs: list[Req], budgets: list[int], grammar: GrammarManager | None = None) -> list[list[int]]:
         """Up to min(K, budget) greedy guesses per request (none where the budget is 0, or for
         every request when the draft's KV cannot be reserved this step). A constrained
         request's guesses follow its grammar's masks."""
@@ -102,7 +102,7 @@ class DraftProposer:
         shadow = self._shadow(req)
         return shadow.row >= 0 or self.kv.attach(shadow)
 
-    def _catch_up(self, reqs: list[Req], grammar: GrammarBackend | None, ahead: list[list[int]]
+    def _catch_up(self, reqs: list[Req], grammar: GrammarManager | None, ahead: list[list[int]]
                   ) -> list[int] | None:
         """Feed each request's shadow the tokens it has not seen; returns the first guesses
         (None if the KV cannot be reserved). Guesses of a step that was never verified (the
@@ -123,7 +123,7 @@ class DraftProposer:
             self.kv.cache_prefix(s)  # later requests with this prompt hit the draft's tree too
         return picks
 
-    def _decode(self, reqs: list[Req], step: int, grammar: GrammarBackend | None, ahead: list[list[int]]
+    def _decode(self, reqs: list[Req], step: int, grammar: GrammarManager | None, ahead: list[list[int]]
                 ) -> list[int] | None:
         """One batched decode step over each request's last guess (`ahead[i][-1]`, position
         seq_len + step - 1); returns the next guesses (None if the KV cannot be reserved)."""
@@ -138,7 +138,7 @@ class DraftProposer:
                                 self.runner.req_to_token.table)
         return self._picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
 
-    def _picks(self, logits: torch.Tensor, reqs: list[Req], grammar: GrammarBackend | None,
+    def _picks(self, logits: torch.Tensor, reqs: list[Req], grammar: GrammarManager | None,
                ahead: list[list[int]]) -> list[int]:
         """The draft's argmax per row, masked for constrained requests by the grammar state
         after their output and their guesses so far (a hot head's columns are spread over the
