@@ -13,7 +13,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from arbor.runtime.sampling_params import DEFAULT_ONLY, FRONT_DOOR_KEYS, SamplingParams
+from arbor.runtime.sampling.params import DEFAULT_ONLY, FRONT_DOOR_KEYS, SamplingParams
 from arbor.runtime.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 ROOT = Path(__file__).resolve().parents[1]
