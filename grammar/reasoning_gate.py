@@ -19,12 +19,12 @@ verification) restores both the gate and the inner matcher.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from arbor.grammar.bitmask import set_bits
 from arbor.grammar.budget import BUDGET_MARGIN
+from arbor.grammar.matcher import Matcher
 
 THINK_START, THINK_END = "<think>", "</think>"  # the section's markers (Qwen3, DeepSeek-R1)
 MAYBE, OPENING, THINKING, ANSWER = range(4)
@@ -39,7 +39,7 @@ class _Phase:
 class ReasoningGate:
     """The matcher interface over `inner`, deferred until after the reasoning section."""
 
-    def __init__(self, inner: Any, start_ids: list[int], end_ids: list[int], opens_inside: bool) -> None:
+    def __init__(self, inner: Matcher, start_ids: list[int], end_ids: list[int], opens_inside: bool) -> None:
         self.inner = inner
         self.grammar = inner.grammar
         self.budget_aware = inner.budget_aware

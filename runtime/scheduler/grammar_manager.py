@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ import torch
 from arbor.grammar.compiler import CompilerConfig, GrammarCompiler
 from arbor.grammar.constraint import Constraint
 from arbor.grammar.jump_forward import Retokenizer
+from arbor.grammar.matcher import CompiledConstraint
 from arbor.grammar.reasoning_gate import ReasoningGate
 from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.kernels.reference import apply_token_bitmask_ref
@@ -71,7 +71,7 @@ class GrammarManager:
 
     # ------------------------------------------------------------ per step
 
-    def start(self, req: Req, grammar: Any) -> None:
+    def start(self, req: Req, grammar: CompiledConstraint) -> None:
         """Give a request its matcher and write the opening forced text as output tokens."""
         budget = req.params.budget_aware
         if budget is None:  # on by default where the output is JSON
