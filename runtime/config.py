@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from arbor.runtime.model.weights import WEIGHT_SOURCES
+
 
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
     """A dataclass field carrying its CLI help text (and choices) as metadata."""
@@ -21,6 +23,11 @@ class ServerArgs:
         None, "Hugging Face checkpoint directory; empty = the built-in tiny checkpoint."
     )
     tokenizer_path: str | None = _opt(None, "Tokenizer directory; empty = model_path.")
+    load_format: str = _opt(
+        "auto", "Format of the checkpoint's weights. auto = the format model_path holds; "
+        + "; ".join(f"{name} = {source.expects}" for name, source in WEIGHT_SOURCES.items()) + ".",
+        ("auto", *WEIGHT_SOURCES),
+    )
     dtype: str = _opt(
         "auto",
         "Weight and activation dtype. auto = bfloat16 on CUDA and on CPUs with fast bf16 "

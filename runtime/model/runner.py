@@ -67,7 +67,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(args.dtype, self.device)
         self.tp = tp
         self.leader: Callable[[ForwardBatch], None] | None = None  # rank 0: sends each batch to the other ranks
-        self.model, self.config = load_model(model_path, self.dtype, self.device, tp)
+        self.model, self.config = load_model(model_path, self.dtype, self.device, tp, args.load_format)
         self.columns: torch.Tensor | None = None  # None: logits cover the whole vocabulary
         if hot_tokens is not None:
             self.columns = use_frequent_token_head(self.model, hot_tokens)
