@@ -183,7 +183,7 @@ def run_overhead(path: Path, dtype: str, batch: int, steps: int) -> dict[str, An
     from arbor.runtime.sampling.params import SamplingParams
     from arbor.runtime.scheduler.scheduler import Scheduler
 
-    args = ServerArgs(dtype=dtype, max_running_requests=batch, max_total_tokens=batch * 1024)
+    args = ServerArgs.from_flags(dtype=dtype, max_running_requests=batch, max_total_tokens=batch * 1024)
     sched = Scheduler(args, str(path))
     vocab = sched.runner.config.vocab_size
     logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(0))

@@ -94,7 +94,7 @@ def make_scheduler(path: str, dtype: str, batch: int, context: int) -> Any:
     from arbor.runtime.config import ServerArgs
     from arbor.runtime.scheduler.scheduler import Scheduler
 
-    args = ServerArgs(dtype=dtype, max_running_requests=batch, max_total_tokens=batch * (context + 64) + 4096,
+    args = ServerArgs.from_flags(dtype=dtype, max_running_requests=batch, max_total_tokens=batch * (context + 64) + 4096,
                       max_prefill_tokens=max(8192, batch * context), chunked_prefill_size=0,
                       disable_radix_cache=True)
     return Scheduler(args, path)

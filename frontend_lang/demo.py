@@ -42,7 +42,7 @@ def _run_from_cli(cli_args: argparse.Namespace) -> int:
     from arbor.runtime.cli import setup_logging
 
     args = ServerArgs.from_cli_args(cli_args)
-    setup_logging(args)
+    setup_logging(args.log_level)
     return run_demo(args)
 
 
@@ -58,16 +58,16 @@ def run_demo(args: ServerArgs) -> int:
 
     for noisy in ("httpx", "httpx2"):  # one INFO line per HTTP call of the openai client
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    args.port = _free_port(args.host)
+    args = args.with_flags(port=_free_port(args.http.host))
     app = create_app(args)  # a bad checkpoint fails here, in one line
-    server = uvicorn.Server(uvicorn_config(app, args, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, args.http, "warning"))
     thread = threading.Thread(target=server.run, name="arbor-demo-server", daemon=True)
     thread.start()
-    base = f"http://{args.host}:{args.port}"
+    base = f"http://{args.http.host}:{args.http.port}"
     try:
         _wait_started(server, thread)
         print(RANDOM_WEIGHTS, "\n")
-        key = Keys.load(args).first
+        key = Keys.load(args.http, args.disagg).first
         backend = RuntimeEndpoint(base, api_key=key)
         _agent(backend)
         _openai_calls(base, key)

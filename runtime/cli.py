@@ -32,9 +32,9 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     return {"make-tiny-model": _make_tiny_model, "serve": _serve}
 
 
-def setup_logging(server_args: ServerArgs) -> None:
+def setup_logging(log_level: str) -> None:
     """One log format for every command that runs a server."""
-    logging.basicConfig(level=server_args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
@@ -55,13 +55,13 @@ def _serve(args: argparse.Namespace) -> int:
     from arbor.runtime.server.connections import uvicorn_config
 
     server_args = ServerArgs.from_cli_args(args)
-    setup_logging(server_args)
-    if server_args.dp_size > 1:
+    setup_logging(server_args.log_level)
+    if server_args.parallel.dp_size > 1:
         from arbor.runtime.data_parallel import serve_data_parallel
 
         return serve_data_parallel(server_args)
     app = create_app(server_args)
-    server = uvicorn.Server(uvicorn_config(app, server_args))
+    server = uvicorn.Server(uvicorn_config(app, server_args.http, server_args.log_level))
     state = app.state.arbor
     state.on_engine_death = lambda: setattr(server, "should_exit", True)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises the Ctrl-C it shut down on

@@ -1,63 +1,116 @@
-"""ServerArgs: every runtime knob, as one typed dataclass; CLI flags are derived from it."""
+"""ServerArgs: every runtime knob, in typed sections nested in one dataclass (as vLLM's
+VllmConfig). Each component receives only its sections; the CLI flags are derived from the
+fields, flat as before (`--kv-cache-dtype` is `CacheArgs.dtype`)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Union
 
 from arbor.runtime.model.weights import WEIGHT_SOURCES
 
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+KVCacheDtype = Literal["auto", "fp8_e4m3", "fp8"]
+AttentionBackend = Literal["auto", "torch", "triton"]
+SchedulePolicy = Literal["lpm", "fcfs"]
+GrammarBackend = Literal["outlines", "xgrammar", "llguidance"]
+ToolCallParser = Literal["qwen25", "llama3", "mistral", "pythonic"]
+ReasoningParser = Literal["qwen3", "deepseek-r1"]
+SpecAlgorithm = Literal["ngram", "draft"]
+RouterPolicy = Literal["cache_aware", "round_robin", "random", "power_of_two"]
+DisaggMode = Literal["null", "prefill", "decode"]
+TransferBackend = Literal["nixl", "mooncake"]
+LogLevel = Literal["debug", "info", "warning", "error"]
 
-def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    """A dataclass field carrying its CLI help text (and choices) as metadata."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+
+def _opt(default: Any, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """A field with its CLI help text; `flag` when the flag's name is not the field's, `choices`
+    only for a str field whose choices come from a registry (else a Literal type states them)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
 
 
-@dataclass
-class ServerArgs:
-    """Configuration shared by the Engine, the scheduler and the servers."""
+class Section:
+    """A group of fields that checks itself when built (also when decoded from JSON)."""
 
-    model_path: str | None = _opt(
-        None, "Hugging Face checkpoint directory; empty = the built-in tiny checkpoint."
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            allowed = _choices(type(self), f)
+            value = getattr(self, f.name)
+            if allowed and value not in allowed and not (value is None and _optional(type(self), f)):
+                raise ValueError(f"--{_flag(f).replace('_', '-')} must be one of {', '.join(allowed)}, "
+                                 f"got {value!r}")
+        self.validate()
+
+    def validate(self) -> None:
+        """The section's own checks; a ValueError names the flag to change."""
+
+
+@dataclass(frozen=True)
+class ModelArgs(Section):
+    """The checkpoint and how it runs: for the model runner and the loader."""
+
+    path: str | None = _opt(
+        None, "Hugging Face checkpoint directory; empty = the built-in tiny checkpoint.", "model_path"
     )
     tokenizer_path: str | None = _opt(None, "Tokenizer directory; empty = model_path.")
     load_format: str = _opt(
         "auto", "Format of the checkpoint's weights. auto = the format model_path holds; "
         + "; ".join(f"{name} = {source.expects}" for name, source in WEIGHT_SOURCES.items()) + ".",
-        ("auto", *WEIGHT_SOURCES),
+        choices=("auto", *WEIGHT_SOURCES),
     )
-    dtype: str = _opt(
+    dtype: Dtype = _opt(
         "auto",
         "Weight and activation dtype. auto = bfloat16 on CUDA and on CPUs with fast bf16 "
         "(avx512_bf16 or AMX), else float32.",
-        ("auto", "float32", "bfloat16", "float16"),
     )
     device: str = _opt("auto", "Device to run on. auto = cuda when available, else cpu.")
+    context_length: int | None = _opt(
+        None, "Longest prompt + output in tokens; empty = the checkpoint's own limit."
+    )
+    attention_backend: AttentionBackend = _opt(
+        "auto", "Attention implementation: triton (the Triton kernels, with fused RMSNorm, SiLU and "
+        "RoPE; CUDA only) or torch (any device). auto = triton on CUDA, torch elsewhere.",
+    )
+
+
+@dataclass(frozen=True)
+class CacheArgs(Section):
+    """The KV cache: its pool, pages and prefix reuse; for the KV pool and the KV manager."""
+
     page_size: int = _opt(1, "KV-cache slots per page (1 = token-level pages).")
-    max_running_requests: int = _opt(64, "Most requests decoded together in one batch.")
     max_total_tokens: int | None = _opt(
         None,
         "KV-cache capacity in tokens; empty = min(max_running_requests * context_length, "
         "what kv_cache_memory_fraction of free memory holds).",
     )
-    kv_cache_dtype: str = _opt(
-        "auto", "KV-cache storage. auto = the model's dtype; fp8_e4m3 (or fp8) = float8 e4m3, half the bytes of "
-        "bf16 (twice the tokens in the same memory), values saturating at +-448 (scale 1, as vLLM without "
-        "calibrated scales), widened back in attention.", ("auto", "fp8_e4m3", "fp8"),
+    dtype: KVCacheDtype = _opt(
+        "auto", "KV-cache storage. auto = the model's dtype; fp8_e4m3 (or fp8) = float8 e4m3, half the "
+        "bytes of bf16 (twice the tokens in the same memory), values saturating at +-448 (scale 1, as "
+        "vLLM without calibrated scales), widened back in attention.", "kv_cache_dtype",
     )
-    kv_cache_memory_fraction: float = _opt(
-        0.25, "Fraction of free memory (after weights) the KV cache may take when sized automatically."
+    memory_fraction: float = _opt(
+        0.25, "Fraction of free memory (after weights) the KV cache may take when sized automatically.",
+        "kv_cache_memory_fraction",
     )
-    context_length: int | None = _opt(
-        None, "Longest prompt + output in tokens; empty = the checkpoint's own limit."
-    )
-    attention_backend: str = _opt(
-        "auto", "Attention implementation: triton (the Triton kernels, with fused RMSNorm, SiLU and "
-        "RoPE; CUDA only) or torch (any device). auto = triton on CUDA, torch elsewhere.",
-        ("auto", "torch", "triton"),
-    )
+    disable_radix_cache: bool = _opt(False, "Do not reuse KV of shared prefixes.")
+
+    def validate(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if not 0.0 < self.memory_fraction <= 1.0:
+            raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class SchedulerArgs(Section):
+    """Batching: how many requests run, how prompts are split and in which order they go."""
+
+    max_running_requests: int = _opt(64, "Most requests decoded together in one batch.")
     chunked_prefill_size: int = _opt(
         2048, "Longest prompt piece prefilled in one step; longer prompts are split and "
         "interleaved with decode steps (0 = never split)."
@@ -68,21 +121,153 @@ class ServerArgs:
         "default here, --no-enable-mixed-chunk turns it off)."
     )
     max_prefill_tokens: int = _opt(8192, "Token budget of one prefill batch.")
-    schedule_policy: str = _opt(
+    policy: SchedulePolicy = _opt(
         "lpm", "Order of waiting requests: lpm = longest cached prefix first (cache-aware), "
-        "fcfs = arrival order.", ("lpm", "fcfs"),
+        "fcfs = arrival order.", "schedule_policy",
     )
-    schedule_max_skips: int = _opt(
-        16, "A waiting request passed over this many times goes first (no starvation under lpm)."
+    max_skips: int = _opt(
+        16, "A waiting request passed over this many times goes first (no starvation under lpm).",
+        "schedule_max_skips",
     )
-    disable_radix_cache: bool = _opt(False, "Do not reuse KV of shared prefixes.")
     random_seed: int = _opt(0, "Seed for requests that give no seed of their own.")
+
+    def validate(self) -> None:
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.chunked_prefill_size < 0 or self.max_prefill_tokens < 1:
+            raise ValueError("chunked_prefill_size must be >= 0 and max_prefill_tokens >= 1")
+
+
+@dataclass(frozen=True)
+class ParallelArgs(Section):
+    """How the work is spread over processes and cores: for the process launchers (tensor-parallel
+    ranks, data-parallel workers), never for the scheduler, to which parallelism is invisible."""
+
+    tp_size: int = _opt(
+        1, "Tensor parallelism: split each layer's heads and MLP columns over this many scheduler "
+        "processes (ranks) in lockstep, over torch.distributed (gloo on CPUs, NCCL on GPUs). On a CPU "
+        "each rank takes an equal share of the cores."
+    )
+    dp_size: int = _opt(
+        1, "Data parallelism: start this many independent worker servers (each with --tp-size ranks and "
+        "its own radix cache) on free 127.0.0.1 ports, and sglang-router in front of them on --host/--port."
+    )
+    num_threads: int | None = _opt(
+        None, "CPU threads of each rank's forward; empty = torch's default with one rank, the cores split "
+        "evenly between ranks and data-parallel workers otherwise."
+    )
+
+    def validate(self) -> None:
+        if self.tp_size < 1 or self.dp_size < 1:
+            raise ValueError(f"tp_size and dp_size must be >= 1, got {self.tp_size} and {self.dp_size}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+
+
+@dataclass(frozen=True)
+class SpecArgs(Section):
+    """Speculative decoding: for the proposers and the speculative step."""
+
+    algorithm: SpecAlgorithm | None = _opt(
+        None, "Speculative decoding: guess each request's next tokens, verify them in one forward. ngram = "
+        "guesses from the request's own prompt and output (prompt lookup); draft = a smaller checkpoint's "
+        "greedy guesses (--speculative-draft-model-path); empty = off. Greedy outputs are unchanged; "
+        "sampled ones keep the target distribution (rejection sampling).", "speculative_algorithm",
+    )
+    draft_model_path: str | None = _opt(
+        None, "The draft checkpoint for --speculative-algorithm draft (same tokenizer as the target); it gets "
+        "its own KV cache and radix tree, as many tokens as the target's.", "speculative_draft_model_path",
+    )
+    token_map: str | None = _opt(
+        None, "A torch file with a 1-D tensor of frequent token ids (SGLang's format): the draft's LM head "
+        "computes only those (FR-Spec), a cheaper draft step; outputs are unchanged, acceptance may drop.",
+        "speculative_token_map",
+    )
+    num_draft_tokens: int = _opt(
+        4, "Guesses per request per step (K); a step commits 1 to K + 1 tokens.", "speculative_num_draft_tokens"
+    )
+    ngram_min_match: int = _opt(
+        1, "Shortest suffix of a request's tokens looked up for guesses.", "speculative_ngram_min_match"
+    )
+    ngram_max_match: int = _opt(
+        4, "Longest suffix looked up (longer matches are tried first).", "speculative_ngram_max_match"
+    )
+    max_batch: int = _opt(
+        8, "Speculate only while at most this many requests decode: larger batches are compute-bound, "
+        "where verifying K extra tokens a request costs more than the accepted ones save.",
+        "speculative_max_batch",
+    )
+
+    def validate(self) -> None:
+        if self.num_draft_tokens < 1 or self.max_batch < 1:
+            raise ValueError("speculative_num_draft_tokens and speculative_max_batch must be >= 1")
+        if self.algorithm == "draft" and not self.draft_model_path:
+            raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path")
+        if self.token_map and self.algorithm != "draft":
+            raise ValueError("--speculative-token-map applies to --speculative-algorithm draft only")
+        if not 1 <= self.ngram_min_match <= self.ngram_max_match:
+            raise ValueError("need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match")
+
+
+@dataclass(frozen=True)
+class GrammarArgs(Section):
+    """Constrained output: for the grammar manager and its compile service."""
+
+    backend: GrammarBackend = _opt(
+        "outlines", "What compiles constraints and writes their masks: outlines (Arbor's JSON-schema->regex "
+        "on outlines-core's automaton; budget-aware closing of JSON), xgrammar or llguidance (pushdown "
+        "automata: also EBNF and structural tags). On outlines, EBNF and structural tags go to xgrammar.",
+        "grammar_backend",
+    )
+    workers: int = _opt(
+        2, "Constraint compile worker processes (each compiles one grammar at a time).", "grammar_workers"
+    )
+    compile_timeout_s: float = _opt(
+        10.0, "Longest a constraint may compile; slower ones end their request with an error.",
+        "grammar_compile_timeout_s",
+    )
+    max_memory_mb: int = _opt(
+        4096, "Address-space cap of a compile worker; a constraint needing more fails alone.",
+        "grammar_max_memory_mb",
+    )
+    max_pending: int = _opt(
+        64, "Distinct constraints compiling or queued at once; a request beyond it ends with 429 (retry).",
+        "grammar_max_pending",
+    )
+    max_mask_ms: float = _opt(
+        50.0, "Longest one request's grammar may take to write a step's mask; a slower one (an ambiguous "
+        "EBNF on a pushdown backend grows with the output) ends its request with an error instead of "
+        "stalling the batch.", "grammar_max_mask_ms",
+    )
+    cache_mb: int = _opt(512, "Compiled constraints kept in memory (LRU, by index size).", "grammar_cache_mb")
+    cache_dir: str | None = _opt(
+        None, "Directory for compiled constraints on disk; empty = none.", "grammar_cache_dir"
+    )
+    disable_jump_forward: bool = _opt(
+        False, "Sample every token of constrained output, even where the grammar forces the text."
+    )
+
+    def validate(self) -> None:
+        if self.max_mask_ms <= 0:
+            raise ValueError(f"grammar_max_mask_ms must be > 0, got {self.max_mask_ms}")
+        if self.max_pending < 1:
+            raise ValueError(f"grammar_max_pending must be >= 1, got {self.max_pending}")
+        if self.workers < 1 or self.compile_timeout_s <= 0 or self.max_memory_mb < 256:
+            raise ValueError("grammar_workers must be >= 1, grammar_compile_timeout_s > 0, "
+                             "grammar_max_memory_mb >= 256")
+
+
+@dataclass(frozen=True)
+class HttpArgs(Section):
+    """The front door: the HTTP listener, its keys and limits, and the shape of its answers; for
+    the HTTP app and the tokenizer manager."""
+
     host: str = _opt("127.0.0.1", "HTTP server address; the default serves this machine only.")
     port: int = _opt(30000, "HTTP server port.")
     metrics_port: int | None = _opt(
-        None, "Also serve /metrics (the whole server's Prometheus metrics) on this port of 127.0.0.1, without "
-        "a key, for a scraper on this machine; on --port, /metrics needs the admin key. With --dp-size N, "
-        "worker i serves it on this port + i."
+        None, "Also serve /metrics (the whole server's Prometheus metrics) on this port of 127.0.0.1, "
+        "without a key, for a scraper on this machine; on --port, /metrics needs the admin key. With "
+        "--dp-size N, worker i serves it on this port + i."
     )
     api_key: str | None = _opt(
         None, "If set, every route but /health needs `Authorization: Bearer KEY`; the key also "
@@ -94,8 +279,8 @@ class ServerArgs:
         "requests. ARBOR_API_KEY in the environment is one more tenant key."
     )
     admin_api_key_file: str | None = _opt(
-        None, "File whose first line is the admin key (or ARBOR_ADMIN_API_KEY): it may flush the cache and "
-        "abort any request. Without one, a lone tenant key is the admin key."
+        None, "File whose first line is the admin key (or ARBOR_ADMIN_API_KEY): it may flush the cache "
+        "and abort any request. Without one, a lone tenant key is the admin key."
     )
     enable_cache_report: bool = _opt(
         False, "Report cached prompt tokens in OpenAI usage (prompt_tokens_details); off by default, "
@@ -105,7 +290,9 @@ class ServerArgs:
         False, "Native streams send only what is new in each event (text, ids, logprobs) instead of "
         "SGLang's default, the whole output so far."
     )
-    served_model_name: str | None = _opt(None, "Model name in the OpenAI API; empty = the checkpoint directory's name.")
+    served_model_name: str | None = _opt(
+        None, "Model name in the OpenAI API; empty = the checkpoint directory's name."
+    )
     max_body_bytes: int = _opt(4 << 20, "Largest HTTP request body accepted (413 above it).")
     max_n: int = _opt(16, "Largest n (samples per prompt) a request may ask for.")
     max_batch_prompts: int = _opt(256, "Most prompts in one batched request.")
@@ -113,162 +300,38 @@ class ServerArgs:
         1024, "Requests in flight at once; more are refused with 429 until some finish."
     )
     max_connections: int = _opt(
-        2048, "Open HTTP connections at once; a connection beyond them gets 503 (--max-concurrent-requests "
-        "bounds the requests that run)."
+        2048, "Open HTTP connections at once; a connection beyond them gets 503 "
+        "(--max-concurrent-requests bounds the requests that run)."
     )
-    header_timeout_s: float = _opt(10.0, "Longest a client may take to send a request's headers; then the "
-                                         "connection is closed.")
-    body_timeout_s: float = _opt(30.0, "Longest wait for the next piece of a request body (408 after it).")
+    header_timeout_s: float = _opt(
+        10.0, "Longest a client may take to send a request's headers; then the connection is closed."
+    )
+    body_timeout_s: float = _opt(
+        30.0, "Longest wait for the next piece of a request body (408 after it)."
+    )
     body_deadline_s: float = _opt(
         60.0, "Longest a request body may take in all, however steadily it trickles in (408 after it)."
     )
     keep_alive_timeout_s: int = _opt(5, "Idle keep-alive connections close after this many seconds.")
     health_heartbeat_timeout_s: float = _opt(
-        20.0, "/health answers 503 naming the process when the scheduler's or the detokenizer's loop has not "
-        "come around for this many seconds (one stuck step, or a stopped process); idle loops come around "
-        "every second, so an idle server stays healthy."
+        20.0, "/health answers 503 naming the process when the scheduler's or the detokenizer's loop has "
+        "not come around for this many seconds (one stuck step, or a stopped process); idle loops come "
+        "around every second, so an idle server stays healthy."
     )
-    grammar_backend: str = _opt(
-        "outlines", "What compiles constraints and writes their masks: outlines (Arbor's JSON-schema->regex on "
-        "outlines-core's automaton; budget-aware closing of JSON), xgrammar or llguidance (pushdown automata: "
-        "also EBNF and structural tags). On outlines, EBNF and structural tags go to xgrammar.",
-        ("outlines", "xgrammar", "llguidance"),
-    )
-    grammar_workers: int = _opt(2, "Constraint compile worker processes (each compiles one grammar at a time).")
-    grammar_compile_timeout_s: float = _opt(
-        10.0, "Longest a constraint may compile; slower ones end their request with an error."
-    )
-    grammar_max_memory_mb: int = _opt(
-        4096, "Address-space cap of a compile worker; a constraint needing more fails alone."
-    )
-    grammar_max_pending: int = _opt(
-        64, "Distinct constraints compiling or queued at once; a request beyond it ends with 429 (retry)."
-    )
-    grammar_max_mask_ms: float = _opt(
-        50.0, "Longest one request's grammar may take to write a step's mask; a slower one (an ambiguous EBNF "
-        "on a pushdown backend grows with the output) ends its request with an error instead of stalling the batch."
-    )
-    grammar_cache_mb: int = _opt(512, "Compiled constraints kept in memory (LRU, by index size).")
-    grammar_cache_dir: str | None = _opt(None, "Directory for compiled constraints on disk; empty = none.")
-    tool_call_parser: str | None = _opt(
+    tool_call_parser: ToolCallParser | None = _opt(
         None, "The model family's tool-call format, for tools in chat requests: qwen25 (<tool_call> JSON "
         "blocks), llama3 (JSON calls joined by '; '), mistral ([TOOL_CALLS] and a JSON list), pythonic "
         "([f(a=1)]). Empty = tool calls are not parsed (tool_choice \"none\" only).",
-        ("qwen25", "llama3", "mistral", "pythonic"),
     )
-    reasoning_parser: str | None = _opt(
+    reasoning_parser: ReasoningParser | None = _opt(
         None, "Split the model's <think>...</think> section into reasoning_content in chat answers: qwen3 "
         "(only when the answer opens with <think>), deepseek-r1 (the answer starts inside it). Empty = "
-        "reasoning stays in content.", ("qwen3", "deepseek-r1"),
+        "reasoning stays in content.",
     )
-    disable_jump_forward: bool = _opt(
-        False, "Sample every token of constrained output, even where the grammar forces the text."
-    )
-    speculative_algorithm: str | None = _opt(
-        None, "Speculative decoding: guess each request's next tokens, verify them in one forward. ngram = "
-        "guesses from the request's own prompt and output (prompt lookup); draft = a smaller checkpoint's "
-        "greedy guesses (--speculative-draft-model-path); empty = off. Greedy outputs are unchanged; "
-        "sampled ones keep the target distribution (rejection sampling).", ("ngram", "draft"),
-    )
-    speculative_draft_model_path: str | None = _opt(
-        None, "The draft checkpoint for --speculative-algorithm draft (same tokenizer as the target); it gets "
-        "its own KV cache and radix tree, as many tokens as the target's."
-    )
-    speculative_token_map: str | None = _opt(
-        None, "A torch file with a 1-D tensor of frequent token ids (SGLang's format): the draft's LM head "
-        "computes only those (FR-Spec), a cheaper draft step; outputs are unchanged, acceptance may drop."
-    )
-    speculative_num_draft_tokens: int = _opt(4, "Guesses per request per step (K); a step commits 1 to K + 1 tokens.")
-    speculative_ngram_min_match: int = _opt(1, "Shortest suffix of a request's tokens looked up for guesses.")
-    speculative_ngram_max_match: int = _opt(4, "Longest suffix looked up (longer matches are tried first).")
-    speculative_max_batch: int = _opt(
-        8, "Speculate only while at most this many requests decode: larger batches are compute-bound, "
-        "where verifying K extra tokens a request costs more than the accepted ones save."
-    )
-    tp_size: int = _opt(
-        1, "Tensor parallelism: split each layer's heads and MLP columns over this many scheduler "
-        "processes (ranks) in lockstep, over torch.distributed (gloo on CPUs, NCCL on GPUs). On a CPU "
-        "each rank takes an equal share of the cores."
-    )
-    dp_size: int = _opt(
-        1, "Data parallelism: start this many independent worker servers (each with --tp-size ranks and "
-        "its own radix cache) on free 127.0.0.1 ports, and sglang-router in front of them on --host/--port."
-    )
-    router_policy: str = _opt(
-        "cache_aware", "With --dp-size: how sglang-router picks a worker. cache_aware sends a request where "
-        "the longest prefix of its text was sent before (so a conversation stays where its KV is) unless "
-        "the load is unbalanced.", ("cache_aware", "round_robin", "random", "power_of_two"),
-    )
-    router_cache_threshold: float = _opt(
-        0.3, "With --dp-size and cache_aware: the share of a request's text that must match a worker's "
-        "earlier traffic for the router to follow the match; below it, the least-loaded worker is taken."
-    )
-    router_balance_abs_threshold: int = _opt(
-        64, "With --dp-size and cache_aware: the router ignores cache affinity and picks the least-loaded "
-        "worker once the busiest worker has this many more requests in flight than the idlest "
-        "(and --router-balance-rel-threshold times as many)."
-    )
-    router_balance_rel_threshold: float = _opt(1.5, "With --dp-size and cache_aware: see --router-balance-abs-threshold.")
-    disaggregation_mode: str = _opt(
-        "null", "Prefill/decode disaggregation (behind sglang-router --pd-disaggregation). prefill = compute "
-        "each prompt's KV, write it into the decode worker's pool and answer with the first token; decode = "
-        "take each request's prompt KV from the prefill worker its bootstrap fields name, then decode; "
-        "null = a normal worker.", ("null", "prefill", "decode"),
-    )
-    disaggregation_transfer_backend: str = _opt(
-        "nixl", "How KV moves between prefill and decode workers: nixl (NIXL, UCX backend: host or GPU "
-        "memory, RDMA where present). mooncake is SGLang's other engine; Arbor refuses it with a message.",
-        ("nixl", "mooncake"),
-    )
-    disaggregation_bootstrap_port: int = _opt(
-        8998, "With --disaggregation-mode prefill: the TCP port (on --host) where decode workers ask for KV; "
-        "give the router the same port (--prefill URL PORT)."
-    )
-    disaggregation_secret_file: str | None = _opt(
-        None, "File whose first line is the PD secret shared by sglang-router (its --api-key) and every "
-        "prefill and decode worker (or ARBOR_PD_SECRET in the environment; never a flag). Required with "
-        "--disaggregation-mode: only a caller presenting it may set bootstrap fields, and it signs every "
-        "bootstrap message."
-    )
-    disaggregation_prefill_peers: str | None = _opt(
-        None, "With --disaggregation-mode decode (required there): comma-separated HOST:PORT bootstrap addresses "
-        "of the prefill workers this worker may pull KV from, as the router names them (--prefill URL PORT)."
-    )
-    disaggregation_staging_mb: int = _opt(
-        1024, "With --disaggregation-mode decode: most MB of staging buffers (KV on its way in, one per pull) "
-        "held at once; a pull beyond it waits (one is always let through)."
-    )
-    disaggregation_allowed_peers: str | None = _opt(
-        None, "Comma-separated client addresses (IPs) that may set bootstrap fields without presenting the "
-        "PD secret, e.g. the router's host in a private network; empty = none."
-    )
-    disaggregation_ib_device: str | None = _opt(
-        None, "The network device the KV transfer (UCX) uses, e.g. mlx5_0:1 or eth1; empty = the interface "
-        "--host names (lo for 127.0.0.1), so the transfer never listens beyond the HTTP server's reach."
-    )
-    disaggregation_timeout_s: float = _opt(
-        30.0, "Longest a disaggregated request waits for its partner: the decode worker for the KV, the "
-        "prefill worker for the decode worker's pull; then it ends with an error on that side."
-    )
-    num_threads: int | None = _opt(
-        None, "CPU threads of each rank's forward; empty = torch's default with one rank, the cores split "
-        "evenly between ranks and data-parallel workers otherwise."
-    )
-    log_level: str = _opt("info", "Logging level.", ("debug", "info", "warning", "error"))
 
-    def __post_init__(self) -> None:
-        if self.tp_size < 1 or self.dp_size < 1:
-            raise ValueError(f"tp_size and dp_size must be >= 1, got {self.tp_size} and {self.dp_size}")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+    def validate(self) -> None:
         if self.health_heartbeat_timeout_s < 2:  # idle loops beat once a second
             raise ValueError(f"health_heartbeat_timeout_s must be >= 2, got {self.health_heartbeat_timeout_s}")
-        if self.max_running_requests < 1:
-            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
-        if self.chunked_prefill_size < 0 or self.max_prefill_tokens < 1:
-            raise ValueError("chunked_prefill_size must be >= 0 and max_prefill_tokens >= 1")
         if min(self.max_n, self.max_batch_prompts, self.max_concurrent_requests, self.max_body_bytes) < 1:
             raise ValueError("max_n, max_batch_prompts, max_concurrent_requests and max_body_bytes must be >= 1")
         if self.max_connections < 1 or min(self.header_timeout_s, self.body_timeout_s, self.body_deadline_s,
@@ -276,64 +339,171 @@ class ServerArgs:
             raise ValueError("max_connections must be >= 1 and the connection timeouts > 0")
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
             raise ValueError(f"metrics_port must be a TCP port (1-65535), got {self.metrics_port}")
-        if self.grammar_max_mask_ms <= 0:
-            raise ValueError(f"grammar_max_mask_ms must be > 0, got {self.grammar_max_mask_ms}")
-        if self.grammar_max_pending < 1:
-            raise ValueError(f"grammar_max_pending must be >= 1, got {self.grammar_max_pending}")
-        if self.grammar_workers < 1 or self.grammar_compile_timeout_s <= 0 or self.grammar_max_memory_mb < 256:
-            raise ValueError("grammar_workers must be >= 1, grammar_compile_timeout_s > 0, grammar_max_memory_mb >= 256")
-        if self.speculative_num_draft_tokens < 1 or self.speculative_max_batch < 1:
-            raise ValueError("speculative_num_draft_tokens and speculative_max_batch must be >= 1")
-        if self.speculative_algorithm == "draft" and not self.speculative_draft_model_path:
-            raise ValueError("--speculative-algorithm draft needs --speculative-draft-model-path")
-        if self.speculative_token_map and self.speculative_algorithm != "draft":
-            raise ValueError("--speculative-token-map applies to --speculative-algorithm draft only")
-        if not 1 <= self.speculative_ngram_min_match <= self.speculative_ngram_max_match:
-            raise ValueError("need 1 <= speculative_ngram_min_match <= speculative_ngram_max_match")
-        if self.disaggregation_mode != "null":
-            if self.tp_size > 1 or self.dp_size > 1 or self.speculative_algorithm:
-                raise ValueError("--disaggregation-mode runs one worker per process: start each prefill and "
-                                 "decode worker on its own, without --tp-size, --dp-size or speculative decoding")
-            if self.disaggregation_timeout_s <= 0:
-                raise ValueError("disaggregation_timeout_s must be > 0")
-            if self.disaggregation_mode == "decode" and not self.disaggregation_prefill_peers:
-                raise ValueError("--disaggregation-mode decode needs --disaggregation-prefill-peers HOST:PORT,... (the "
-                                 "prefill workers' bootstrap addresses, as the router names them): a decode worker "
-                                 "sends its pulls to no other host")
-            if self.disaggregation_staging_mb < 1:
-                raise ValueError("disaggregation_staging_mb must be >= 1")
-        if not 0.0 < self.kv_cache_memory_fraction <= 1.0:
-            raise ValueError("kv_cache_memory_fraction must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class DisaggArgs(Section):
+    """Prefill/decode disaggregation: for the PD role, the bootstrap gate and the PD secret."""
+
+    mode: DisaggMode = _opt(
+        "null", "Prefill/decode disaggregation (behind sglang-router --pd-disaggregation). prefill = compute "
+        "each prompt's KV, write it into the decode worker's pool and answer with the first token; decode = "
+        "take each request's prompt KV from the prefill worker its bootstrap fields name, then decode; "
+        "null = a normal worker.", "disaggregation_mode",
+    )
+    transfer_backend: TransferBackend = _opt(
+        "nixl", "How KV moves between prefill and decode workers: nixl (NIXL, UCX backend: host or GPU "
+        "memory, RDMA where present). mooncake is SGLang's other engine; Arbor refuses it with a message.",
+        "disaggregation_transfer_backend",
+    )
+    bootstrap_port: int = _opt(
+        8998, "With --disaggregation-mode prefill: the TCP port (on --host) where decode workers ask for "
+        "KV; give the router the same port (--prefill URL PORT).", "disaggregation_bootstrap_port",
+    )
+    secret_file: str | None = _opt(
+        None, "File whose first line is the PD secret shared by sglang-router (its --api-key) and every "
+        "prefill and decode worker (or ARBOR_PD_SECRET in the environment; never a flag). Required with "
+        "--disaggregation-mode: only a caller presenting it may set bootstrap fields, and it signs every "
+        "bootstrap message.", "disaggregation_secret_file",
+    )
+    prefill_peers: str | None = _opt(
+        None, "With --disaggregation-mode decode (required there): comma-separated HOST:PORT bootstrap "
+        "addresses of the prefill workers this worker may pull KV from, as the router names them "
+        "(--prefill URL PORT).", "disaggregation_prefill_peers",
+    )
+    staging_mb: int = _opt(
+        1024, "With --disaggregation-mode decode: most MB of staging buffers (KV on its way in, one per "
+        "pull) held at once; a pull beyond it waits (one is always let through).",
+        "disaggregation_staging_mb",
+    )
+    allowed_peers: str | None = _opt(
+        None, "Comma-separated client addresses (IPs) that may set bootstrap fields without presenting the "
+        "PD secret, e.g. the router's host in a private network; empty = none.",
+        "disaggregation_allowed_peers",
+    )
+    ib_device: str | None = _opt(
+        None, "The network device the KV transfer (UCX) uses, e.g. mlx5_0:1 or eth1; empty = the interface "
+        "--host names (lo for 127.0.0.1), so the transfer never listens beyond the HTTP server's reach.",
+        "disaggregation_ib_device",
+    )
+    timeout_s: float = _opt(
+        30.0, "Longest a disaggregated request waits for its partner: the decode worker for the KV, the "
+        "prefill worker for the decode worker's pull; then it ends with an error on that side.",
+        "disaggregation_timeout_s",
+    )
+
+    def validate(self) -> None:
+        if self.mode == "null":
+            return
+        if self.timeout_s <= 0:
+            raise ValueError("disaggregation_timeout_s must be > 0")
+        if self.mode == "decode" and not self.prefill_peers:
+            raise ValueError("--disaggregation-mode decode needs --disaggregation-prefill-peers HOST:PORT,... "
+                             "(the prefill workers' bootstrap addresses, as the router names them): a decode "
+                             "worker sends its pulls to no other host")
+        if self.staging_mb < 1:
+            raise ValueError("disaggregation_staging_mb must be >= 1")
+
+
+@dataclass(frozen=True)
+class RouterArgs(Section):
+    """sglang-router in front of --dp-size workers: for the data-parallel supervisor."""
+
+    policy: RouterPolicy = _opt(
+        "cache_aware", "With --dp-size: how sglang-router picks a worker. cache_aware sends a request where "
+        "the longest prefix of its text was sent before (so a conversation stays where its KV is) unless "
+        "the load is unbalanced.", "router_policy",
+    )
+    cache_threshold: float = _opt(
+        0.3, "With --dp-size and cache_aware: the share of a request's text that must match a worker's "
+        "earlier traffic for the router to follow the match; below it, the least-loaded worker is taken.",
+        "router_cache_threshold",
+    )
+    balance_abs_threshold: int = _opt(
+        64, "With --dp-size and cache_aware: the router ignores cache affinity and picks the least-loaded "
+        "worker once the busiest worker has this many more requests in flight than the idlest "
+        "(and --router-balance-rel-threshold times as many).", "router_balance_abs_threshold",
+    )
+    balance_rel_threshold: float = _opt(
+        1.5, "With --dp-size and cache_aware: see --router-balance-abs-threshold.",
+        "router_balance_rel_threshold",
+    )
+
+
+@dataclass(frozen=True)
+class ServerArgs(Section):
+    """The whole configuration: the sections, and the log level every process shares. Built from
+    flags with `from_flags(**flags)` (as `Engine(**kwargs)` and the CLI do)."""
+
+    model: ModelArgs = field(default_factory=ModelArgs)
+    cache: CacheArgs = field(default_factory=CacheArgs)
+    scheduler: SchedulerArgs = field(default_factory=SchedulerArgs)
+    parallel: ParallelArgs = field(default_factory=ParallelArgs)
+    spec: SpecArgs = field(default_factory=SpecArgs)
+    grammar: GrammarArgs = field(default_factory=GrammarArgs)
+    http: HttpArgs = field(default_factory=HttpArgs)
+    disagg: DisaggArgs = field(default_factory=DisaggArgs)
+    router: RouterArgs = field(default_factory=RouterArgs)
+    log_level: LogLevel = _opt("info", "Logging level.")
+
+    def validate(self) -> None:
+        """What no one section can check alone."""
+        if self.disagg.mode != "null" and (self.parallel.tp_size > 1 or self.parallel.dp_size > 1
+                                           or self.spec.algorithm):
+            raise ValueError("--disaggregation-mode runs one worker per process: start each prefill and "
+                             "decode worker on its own, without --tp-size, --dp-size or speculative decoding")
+
+    def __getattr__(self, name: str) -> Any:
+        # TEMPORARY (issue 36, phase 1): flat names for modules not yet given their sections.
+        entry = _flags().get(name)
+        if entry is None or entry[0] is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(object.__getattribute__(self, entry[0]), entry[1].name)
+
+    @classmethod
+    def from_flags(cls, **flags: Any) -> ServerArgs:
+        """The defaults with `flags` (by flag name: model_path=..., kv_cache_dtype=...) applied."""
+        return cls().with_flags(**flags)
+
+    def with_flags(self, **flags: Any) -> ServerArgs:
+        """A copy with `flags` (by flag name) replaced; every changed section checks itself again."""
+        table = _flags()
+        if unknown := sorted(set(flags) - table.keys()):
+            raise TypeError(f"ServerArgs has no flag {', '.join(unknown)}")
+        by_section: dict[str | None, dict[str, Any]] = {}
+        for name, value in flags.items():
+            section, f = table[name]
+            by_section.setdefault(section, {})[f.name] = value
+        own = by_section.pop(None, {})
+        sections = {name: dataclasses.replace(getattr(self, name), **values) for name, values in by_section.items()}
+        return dataclasses.replace(self, **sections, **own)
+
+    def flag_value(self, name: str) -> Any:
+        """The value of the flag `name` (e.g. kv_cache_dtype), wherever its section keeps it."""
+        section, f = _flags()[name]
+        return getattr(self if section is None else getattr(self, section), f.name)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        """Add one `--flag` per field, with its type, default and help."""
-        for f in dataclasses.fields(ServerArgs):
-            flag = "--" + f.name.replace("_", "-")
-            help_text = f"{f.metadata['help']} (default: {f.default})"
-            if f.type == "bool" and f.default:  # on by default: --flag / --no-flag
-                parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=True,
-                                    help=f.metadata["help"])
-                continue
-            if f.type == "bool":
-                parser.add_argument(flag, dest=f.name, action="store_true", help=f.metadata["help"])
-                continue
-            kind = _scalar_type(f.type)
-            parser.add_argument(
-                flag, dest=f.name, type=kind, default=f.default,
-                choices=f.metadata.get("choices"), help=help_text,
-            )
+        """Add one `--flag` per field, with its type, default and help, a group per section."""
+        groups: dict[str | None, Any] = {None: parser}
+        for name, (section, f) in _flags().items():
+            if section not in groups:
+                owner = _section_types()[section]
+                groups[section] = parser.add_argument_group(
+                    f"{section} ({owner.__name__})", (owner.__doc__ or "").split("\n\n")[0])
+            _add_flag(groups[section], name, section, f)
 
     def to_cli_args(self, **overrides: Any) -> list[str]:
         """The flags that rebuild these args with `overrides` applied (defaults left out)."""
-        args = dataclasses.replace(self, **overrides)
+        args = self.with_flags(**overrides)
         argv: list[str] = []
-        for f in dataclasses.fields(args):
-            value = getattr(args, f.name)
+        for name, (section, f) in _flags().items():
+            value = args.flag_value(name)
             if value == f.default:
                 continue
-            flag = "--" + f.name.replace("_", "-")
-            if f.type == "bool":
+            flag = "--" + name.replace("_", "-")
+            if _hint(section, f) is bool:
                 argv.append(flag if value else "--no-" + flag[2:])
             else:
                 argv += [flag, str(value)]
@@ -342,11 +512,69 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
         """Build ServerArgs from a parsed namespace (extra attributes are ignored)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+        return cls.from_flags(**{k: v for k, v in vars(ns).items() if k in _flags()})
 
 
-def _scalar_type(annotation: str) -> type:
-    """The CLI parse type of a field annotation such as `"int | None"`."""
-    base = annotation.split("|")[0].strip()
-    return {"int": int, "float": float}.get(base, str)
+def _flag(f: dataclasses.Field) -> str:
+    """The flag (dest) name of a field: its own name unless the metadata names another."""
+    return f.metadata.get("flag") or f.name
+
+
+@functools.cache
+def _section_types() -> dict[str, type[Section]]:
+    """ServerArgs' section attributes and their classes, in declaration order."""
+    hints = typing.get_type_hints(ServerArgs)
+    return {f.name: hints[f.name] for f in dataclasses.fields(ServerArgs)
+            if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)}
+
+
+@functools.cache
+def _flags() -> dict[str, tuple[str | None, dataclasses.Field]]:
+    """Every flag (dest) name -> (the ServerArgs attribute of its section, None for ServerArgs'
+    own fields; its field)."""
+    table: dict[str, tuple[str | None, dataclasses.Field]] = {}
+    for section, cls in _section_types().items():
+        table.update({_flag(f): (section, f) for f in dataclasses.fields(cls)})
+    own = [f for f in dataclasses.fields(ServerArgs) if f.name not in _section_types()]
+    table.update({_flag(f): (None, f) for f in own})
+    return table
+
+
+def _hint(section: str | None, f: dataclasses.Field) -> Any:
+    return _hints(ServerArgs if section is None else _section_types()[section])[f.name]
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _bare(hint: Any) -> Any:
+    """`hint` without its `| None`."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def _optional(cls: type, f: dataclasses.Field) -> bool:
+    return type(None) in typing.get_args(_hints(cls)[f.name])
+
+
+def _choices(cls: type, f: dataclasses.Field) -> tuple[str, ...] | None:
+    """A field's allowed values: its Literal type's, or the registry's in its metadata."""
+    bare = _bare(_hints(cls)[f.name])
+    return typing.get_args(bare) if typing.get_origin(bare) is Literal else f.metadata.get("choices")
+
+
+def _add_flag(group: Any, name: str, section: str | None, f: dataclasses.Field) -> None:
+    """One `--flag` for a field: on/off for a bool, else typed, with its choices and default."""
+    flag, help_text = "--" + name.replace("_", "-"), f.metadata["help"]
+    bare = _bare(_hint(section, f))
+    if bare is bool and f.default:  # on by default: --flag / --no-flag
+        group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=True, help=help_text)
+    elif bare is bool:
+        group.add_argument(flag, dest=name, action="store_true", help=help_text)
+    else:
+        owner = ServerArgs if section is None else _section_types()[section]
+        group.add_argument(flag, dest=name, type=bare if bare in (int, float) else str, default=f.default,
+                           choices=_choices(owner, f), help=f"{help_text} (default: {f.default})")

@@ -85,8 +85,8 @@ def serve_data_parallel(args: ServerArgs) -> int:
     try:
         reason = _start(args, fleet, stopping.__len__)
         if reason is None and not stopping:
-            logger.info("sglang-router (%s) on http://%s:%d in front of %d workers: %s", args.router_policy,
-                        args.host, args.port, len(fleet.urls), " ".join(fleet.urls))
+            logger.info("sglang-router (%s) on http://%s:%d in front of %d workers: %s", args.router.policy,
+                        args.http.host, args.http.port, len(fleet.urls), " ".join(fleet.urls))
             while reason is None and not stopping:
                 time.sleep(POLL_S)
                 reason = fleet.exited()
@@ -103,13 +103,14 @@ def serve_data_parallel(args: ServerArgs) -> int:
 def _start(args: ServerArgs, fleet: Fleet, stopped: Callable[[], int]) -> str | None:
     """Start the workers, wait until each is healthy, then start the router and wait until it
     lists the model. Returns why that failed, or None."""
-    threads = args.num_threads or max(1, (os.cpu_count() or 1) // (args.dp_size * args.tp_size))
+    parallel, http, router = args.parallel, args.http, args.router
+    threads = parallel.num_threads or max(1, (os.cpu_count() or 1) // (parallel.dp_size * parallel.tp_size))
     env = dict(os.environ)
-    if args.api_key:  # in the environment, not in argv, which every local user can read
-        env["ARBOR_API_KEY"] = args.api_key
-    for i in range(args.dp_size):
+    if http.api_key:  # in the environment, not in argv, which every local user can read
+        env["ARBOR_API_KEY"] = http.api_key
+    for i in range(parallel.dp_size):
         port = free_port()
-        metrics_port = args.metrics_port + i if args.metrics_port else None  # each worker its own
+        metrics_port = http.metrics_port + i if http.metrics_port else None  # each worker its own
         flags = args.to_cli_args(dp_size=1, host="127.0.0.1", port=port, num_threads=threads, api_key=None,
                                  metrics_port=metrics_port)
         fleet.workers.append(_spawn([sys.executable, "-m", "arbor", "serve", *flags], env))
@@ -118,18 +119,18 @@ def _start(args: ServerArgs, fleet: Fleet, stopped: Callable[[], int]) -> str | 
         reason = _wait(fleet, url + "/health", WORKER_READY_S, stopped)
         if reason is not None:
             return reason
-    router = [sys.executable, "-c", ROUTER_MAIN, "--host", args.host, "--port", str(args.port),
-              "--policy", args.router_policy, "--cache-threshold", str(args.router_cache_threshold),
-              "--balance-abs-threshold", str(args.router_balance_abs_threshold),
-              "--balance-rel-threshold", str(args.router_balance_rel_threshold),
-              "--log-level", ROUTER_LOG_LEVEL[args.log_level],
-              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-              "--worker-urls", *fleet.urls]
+    command = [sys.executable, "-c", ROUTER_MAIN, "--host", http.host, "--port", str(http.port),
+               "--policy", router.policy, "--cache-threshold", str(router.cache_threshold),
+               "--balance-abs-threshold", str(router.balance_abs_threshold),
+               "--balance-rel-threshold", str(router.balance_rel_threshold),
+               "--log-level", ROUTER_LOG_LEVEL[args.log_level],
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+               "--worker-urls", *fleet.urls]
     router_env = dict(os.environ)
-    if args.api_key:  # what the router sends the workers
-        router_env["ARBOR_ROUTER_API_KEY"] = args.api_key
-    fleet.router = _spawn(router, router_env)
-    return _wait(fleet, f"http://{_local(args.host)}:{args.port}/v1/models", ROUTER_READY_S, stopped, args.api_key)
+    if http.api_key:  # what the router sends the workers
+        router_env["ARBOR_ROUTER_API_KEY"] = http.api_key
+    fleet.router = _spawn(command, router_env)
+    return _wait(fleet, f"http://{_local(http.host)}:{http.port}/v1/models", ROUTER_READY_S, stopped, http.api_key)
 
 
 def _spawn(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:

@@ -33,6 +33,7 @@ START_TIMEOUT_S = 600.0
 class Engine:
     """Loads a checkpoint (None = the built-in tiny one) into a scheduler process.
 
+    `server_args` are `arbor serve`'s flags by name (max_total_tokens=4096, tp_size=2).
     Use as a context manager, or call `shutdown()`; the children also exit on their own
     if this process dies.
     """
@@ -43,11 +44,11 @@ class Engine:
         from arbor.runtime.model.model_config import ModelConfig
         from arbor.runtime.tiny_model import builtin_model_path
 
-        self.args = ServerArgs(model_path=model_path, **server_args)
+        self.args = ServerArgs.from_flags(model_path=model_path, **server_args)
         path = model_path or str(builtin_model_path())
         self.model_path = path
         ModelConfig.from_dir(path)  # a bad checkpoint fails here, in this process, in one line
-        tok_path = self.args.tokenizer_path or path
+        tok_path = self.args.model.tokenizer_path or path
         tokenizer = AutoTokenizer.from_pretrained(tok_path, local_files_only=True)
         self.tokenizer = tokenizer
         self.children = ChildProcesses(self.args, path, tok_path)
@@ -65,7 +66,9 @@ class Engine:
         atexit.register(self.shutdown)
 
     async def _make_manager(self, tokenizer: Any) -> TokenizerManager:
-        return TokenizerManager(self.args, tokenizer, self.children)  # its sockets belong to this loop
+        args = self.args
+        # Built on the loop's thread: its sockets belong to this loop.
+        return TokenizerManager(args.http, args.grammar, args.disagg, tokenizer, self.children)
 
     # ------------------------------------------------------------- generate
 
@@ -143,7 +146,7 @@ class Engine:
 
     def _stream(self, prepared: Prepared) -> Iterator[dict[str, Any]]:
         agen = self.manager.run(prepared)
-        shape = StreamShaper(self.args.incremental_streaming_output)
+        shape = StreamShaper(self.args.http.incremental_streaming_output)
         try:
             while True:
                 try:
@@ -156,7 +159,7 @@ class Engine:
 
     async def _astream(self, prepared: Prepared) -> AsyncIterator[dict[str, Any]]:
         agen = self.manager.run(prepared)
-        shape = StreamShaper(self.args.incremental_streaming_output)
+        shape = StreamShaper(self.args.http.incremental_streaming_output)
         try:
             while True:
                 try:

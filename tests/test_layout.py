@@ -104,7 +104,7 @@ def test_torch_path_never_loads_triton(tiny_model):
         "import sys\n"
         "from arbor.runtime.config import ServerArgs\n"
         "from arbor.runtime.scheduler.scheduler import Scheduler\n"
-        "args = ServerArgs(device='cpu', attention_backend='torch', dtype='float32')\n"
+        "args = ServerArgs.from_flags(device='cpu', attention_backend='torch', dtype='float32')\n"
         f"Scheduler(args, {str(tiny_model('llama'))!r})\n"
         "print(sorted(m for m in sys.modules if m.startswith('arbor.kernels.')))"
     )

@@ -93,7 +93,7 @@ def make_role(args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str,
     """The side `--disaggregation-mode` names; a NullRole for a worker that does both."""
     if args.disaggregation_mode == "null":
         return NullRole()
-    secret = require_secret(args)
+    secret = require_secret(args.disagg)
     if args.disaggregation_mode == "prefill":
         from arbor.runtime.disaggregation.prefill import PrefillSender
 

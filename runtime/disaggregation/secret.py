@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import os
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import DisaggArgs
 
 SECRET_ENV = "ARBOR_PD_SECRET"
 MAC_BYTES = 32  # HMAC-SHA256
@@ -28,11 +28,11 @@ def load_secret(path: str | None) -> str | None:
     return _checked(value) if value else None
 
 
-def require_secret(args: ServerArgs) -> str:
+def require_secret(disagg: DisaggArgs) -> str:
     """The PD secret a disaggregated worker must have; a clear error when it has none."""
-    secret = load_secret(args.disaggregation_secret_file)
+    secret = load_secret(disagg.secret_file)
     if secret is None:
-        raise ValueError(f"--disaggregation-mode {args.disaggregation_mode} needs the PD secret that sglang-router "
+        raise ValueError(f"--disaggregation-mode {disagg.mode} needs the PD secret that sglang-router "
                          f"(--api-key) and every worker share: --disaggregation-secret-file FILE or {SECRET_ENV} "
                          "in the environment (see docs/security.md)")
     return secret

@@ -8,7 +8,6 @@ multiprocessing spawns: they never re-import the caller's main module (so script
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import socket
 import subprocess
@@ -46,18 +45,20 @@ class ChildProcesses:
 
     def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str) -> None:
         self.ipc = IpcDir()
-        ranks = [tp_endpoint(r) for r in range(1, args.tp_size)]
+        ranks = [tp_endpoint(r) for r in range(1, args.parallel.tp_size)]
         self.endpoints = {name: self.ipc.endpoint(name) for name in (*ENDPOINTS, *ranks)}
         self.heartbeats = HeartbeatBoard(self.ipc.path / "heartbeat")
         # The children never see the API key, and get their spec on stdin, not in argv
         # (which every local user can read in the process list).
-        self.spec = ChildSpec(args=dataclasses.replace(args, api_key=None, api_key_file=None, admin_api_key_file=None),
+        self.spec = ChildSpec(args=args.with_flags(api_key=None, api_key_file=None, admin_api_key_file=None),
                               model_path=model_path, tokenizer_path=tokenizer_path, endpoints=self.endpoints,
-                              tp_port=free_port() if args.tp_size > 1 else 0, heartbeat=str(self.heartbeats.path))
+                              tp_port=free_port() if args.parallel.tp_size > 1 else 0,
+                              heartbeat=str(self.heartbeats.path))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> None:
-        roles = [("scheduler", 0), ("detokenizer", 0)] + [(f"tp rank {r}", r) for r in range(1, self.spec.args.tp_size)]
+        ranks = range(1, self.spec.args.parallel.tp_size)
+        roles = [("scheduler", 0), ("detokenizer", 0)] + [(f"tp rank {r}", r) for r in ranks]
         for name, rank in roles:
             role = "tp_worker" if rank else name
             proc = subprocess.Popen([sys.executable, "-m", "arbor.runtime.io.processes", role], stdin=subprocess.PIPE)

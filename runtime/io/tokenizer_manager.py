@@ -27,7 +27,7 @@ from arbor.grammar.constraint import (
 )
 from arbor.grammar.linear_regex import ProgramBudget, compile_linear
 from arbor.grammar.reasoning_gate import THINK_END, THINK_START
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import DisaggArgs, GrammarArgs, HttpArgs
 from arbor.runtime.io.generate_input import GenerateInput
 from arbor.runtime.io.ipc import AsyncPuller, AsyncPusher
 from arbor.runtime.io.messages import (
@@ -114,8 +114,11 @@ class Prepared:
 class TokenizerManager:
     """Owns the front socket pair; one instance per runtime, used from one event loop."""
 
-    def __init__(self, args: ServerArgs, tokenizer: Any, children: ChildProcesses) -> None:
-        self.args = args
+    def __init__(self, http: HttpArgs, grammar: GrammarArgs, disagg: DisaggArgs, tokenizer: Any,
+                 children: ChildProcesses) -> None:
+        self.http = http
+        self.grammar_backend = grammar.backend
+        self.pd_mode = disagg.mode
         self.tokenizer = tokenizer
         self.children = children
         self.ctx = zmq.asyncio.Context()
@@ -171,7 +174,7 @@ class TokenizerManager:
     def prepare(self, req: GenerateInput) -> Prepared:
         """Validate and tokenize one prompt; raises ValueError naming what to change."""
         self._check_alive()
-        if self.args.disaggregation_mode == "decode" and req.bootstrap is None:
+        if self.pd_mode == "decode" and req.bootstrap is None:
             raise ValueError("this is a decode worker (--disaggregation-mode decode): send requests through "
                              "sglang-router --pd-disaggregation, which adds bootstrap_host, bootstrap_port and "
                              "bootstrap_room")
@@ -180,7 +183,7 @@ class TokenizerManager:
         if raw is not None and not isinstance(raw, dict):
             raise ValueError(f"sampling_params must be an object, got {type(raw).__name__}")
         raw = dict(raw or {})
-        constraint = constraint_from_params(raw, self.args.grammar_backend)
+        constraint = constraint_from_params(raw, self.grammar_backend)
         output, n, interval = self._output_options(raw)
         params = self._sampling(ids, raw)
         start = _logprob_args(req, len(ids))
@@ -194,16 +197,16 @@ class TokenizerManager:
             return_logprob=req.return_logprob, logprob_start_len=start, top_logprobs_num=req.top_logprobs_num,
             cache_salt=req.cache_salt, output=output, constraint=constraint,
             reasoning=self._reasoning_markers() if req.require_reasoning and constraint is not None else None,
-            bootstrap=req.bootstrap if self.args.disaggregation_mode != "null" else None,
+            bootstrap=req.bootstrap if self.pd_mode != "null" else None,
         )
         unenforced = []
         if constraint is not None:
-            unenforced = post_checked(constraint, backend_for(self.args.grammar_backend, constraint.kind))
+            unenforced = post_checked(constraint, backend_for(self.grammar_backend, constraint.kind))
         return Prepared(msg, rids, ids, req.return_text_in_logprobs, unenforced, interval, label, req.owner)
 
     def _reasoning_markers(self) -> ReasoningMarkers:
         """The token ids of --reasoning-parser's <think> and </think>, for require_reasoning."""
-        parser = self.args.reasoning_parser
+        parser = self.http.reasoning_parser
         if parser is None:
             raise ValueError("require_reasoning needs a server started with --reasoning-parser (qwen3 or "
                              "deepseek-r1); without one, leave it false")
@@ -340,7 +343,7 @@ class TokenizerManager:
         patterns = _stop_regexes(raw.pop("stop_regex", None))
         output = OutputOptions(stop=_stop_strings(raw.pop("stop", None), "stop"), stop_regex=patterns,
                                stop_regex_max_len=max(map(_match_width, patterns), default=0), **flags)
-        n = _bounded_int(raw.pop("n", None), "n", 1, 1, self.args.max_n)
+        n = _bounded_int(raw.pop("n", None), "n", 1, 1, self.http.max_n)
         interval = _bounded_int(raw.pop("stream_interval", None), "stream_interval", 1, 1, 1 << 20)
         return output, n, interval
 
@@ -431,7 +434,7 @@ class TokenizerManager:
             if msg.top_logprobs_num:
                 meta.output_top_logprobs = [[entry(lp, t) for lp, t in row] for row in s.top_logprobs[start:]]
             # Disaggregated, the prefill worker's answer has the prompt's (the router merges them).
-            elsewhere = msg.bootstrap is not None and self.args.disaggregation_mode == "decode"
+            elsewhere = msg.bootstrap is not None and self.pd_mode == "decode"
             if last.finish_reason is not None and (msg.logprob_start_len < 0 or elsewhere):
                 meta.input_token_logprobs = []  # SGLang's shape: present, empty when not asked for
             elif last.finish_reason is not None:

@@ -39,9 +39,9 @@ def create_app(args: ServerArgs) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with metrics_listener(args.metrics_port, state.render_metrics):  # a port in use fails first
+        async with metrics_listener(args.http.metrics_port, state.render_metrics):  # a port in use fails first
             await state.start()
-            logger.info("serving %s on http://%s:%d", state.model_path, args.host, args.port)
+            logger.info("serving %s on http://%s:%d", state.model_path, args.http.host, args.http.port)
             yield
             await state.stop()
 
@@ -99,7 +99,7 @@ def _auth(keys: Keys) -> Callable[[Request], Awaitable[None]]:
 
 def _check_progress(state: ServerState) -> None:
     """503 while the runtime is down or one of its processes has stopped making progress."""
-    stalled = state.front().children.stalled(state.args.health_heartbeat_timeout_s)
+    stalled = state.front().children.stalled(state.http.health_heartbeat_timeout_s)
     if stalled is not None:
         raise ApiError(503, f"the runtime is not making progress: {stalled}", "server_error")
 
@@ -118,7 +118,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
         """Healthy only if the engine generates: one token of a one-token prompt, greedy. It
         needs a key and counts against max_concurrent_requests, as any generation does."""
         caller = caller_of(request)
-        timeout = state.args.health_heartbeat_timeout_s
+        timeout = state.http.health_heartbeat_timeout_s
         _check_progress(state)
         prepared = await state.prepare([GenerateInput(input_ids=[0], sampling_params={
             "max_new_tokens": 1, "temperature": 0}, cache_salt=state.salt(caller, None), owner=caller.tenant)])
@@ -137,7 +137,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:
-        body = await read_body(request, GenerateRequest, state.args)
+        body = await read_body(request, GenerateRequest, state.http)
         body.refuse_unsupported()
         caller = caller_of(request)
         state.check_model(body.model)
@@ -155,7 +155,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
             raise ApiError(400, "stream takes a single prompt; send one request per prompt to stream several")
         prepared = await state.prepare(inputs)
         if body.stream:
-            incremental = state.args.incremental_streaming_output
+            incremental = state.http.incremental_streaming_output
             if not incremental:
                 _check_cumulative_payload(prepared[0])
             state.check_capacity(1)
@@ -180,7 +180,7 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
 
     @router.post("/abort_request")
     async def abort_request(request: Request) -> Response:
-        body = await read_body(request, AbortRequest, state.args)
+        body = await read_body(request, AbortRequest, state.http)
         caller = caller_of(request)
         found = await state.front().abort(body.rid, caller.tenant, any_owner=caller.admin)
         message = f"abort sent for {body.rid}" if found else f"no running request of yours has rid {body.rid!r}"

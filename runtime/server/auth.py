@@ -10,7 +10,7 @@ import hmac
 import os
 from dataclasses import dataclass
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import DisaggArgs, HttpArgs
 from arbor.runtime.disaggregation.secret import require_secret
 
 KEY_ENV = "ARBOR_API_KEY"
@@ -38,20 +38,20 @@ class Keys:
     pd_secret: str | None = None
 
     @classmethod
-    def load(cls, args: ServerArgs) -> Keys:
+    def load(cls, http: HttpArgs, disagg: DisaggArgs) -> Keys:
         """--api-key (or ARBOR_API_KEY) and every line of --api-key-file are tenants; the admin
         key is --admin-api-key-file's first line or ARBOR_ADMIN_API_KEY. With no admin key, a
         lone tenant key is also the admin key (the one-key server of before)."""
-        first = args.api_key or os.environ.get(KEY_ENV)
+        first = http.api_key or os.environ.get(KEY_ENV)
         tenants = [first] if first else []
-        if args.api_key_file:
-            tenants += _lines(args.api_key_file)
+        if http.api_key_file:
+            tenants += _lines(http.api_key_file)
         admin = os.environ.get(ADMIN_KEY_ENV) or None
-        if args.admin_api_key_file:
-            admin = (_lines(args.admin_api_key_file) or [None])[0]
+        if http.admin_api_key_file:
+            admin = (_lines(http.admin_api_key_file) or [None])[0]
         if admin is None and len(tenants) == 1:
             admin = tenants[0]
-        pd_secret = require_secret(args) if args.disaggregation_mode != "null" else None
+        pd_secret = require_secret(disagg) if disagg.mode != "null" else None
         return cls(tuple(dict.fromkeys(tenants)), admin, pd_secret)
 
     @property

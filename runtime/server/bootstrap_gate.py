@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import DisaggArgs
 from arbor.runtime.io.messages import Bootstrap
 from arbor.runtime.server.auth import Caller
 from arbor.runtime.server.errors import ApiError
@@ -19,11 +19,11 @@ from arbor.runtime.server.errors import ApiError
 class BootstrapGate:
     """Checks a request's bootstrap fields against the caller and the configured peers."""
 
-    def __init__(self, args: ServerArgs) -> None:
-        self.mode = args.disaggregation_mode
+    def __init__(self, disagg: DisaggArgs) -> None:
+        self.mode = disagg.mode
         self.clients = [ipaddress.ip_network(a.strip(), strict=False)
-                        for a in (args.disaggregation_allowed_peers or "").split(",") if a.strip()]
-        self.peers = _peers(args.disaggregation_prefill_peers or "")
+                        for a in (disagg.allowed_peers or "").split(",") if a.strip()]
+        self.peers = _peers(disagg.prefill_peers or "")
 
     def check(self, boot: Bootstrap | list[Bootstrap] | None, caller: Caller, client: str | None) -> None:
         """Raise a 403 unless `caller` (from address `client`) may send `boot` here."""

@@ -9,7 +9,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import HttpArgs
 
 
 class DeadlineH11Protocol(H11Protocol):
@@ -50,12 +50,12 @@ class DeadlineH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def uvicorn_config(app: Any, args: ServerArgs, **overrides: Any) -> uvicorn.Config:
-    """The uvicorn configuration of an Arbor app, with the connection limits of `args`."""
-    protocol = type("ArborH11Protocol", (DeadlineH11Protocol,), {"header_timeout_s": args.header_timeout_s})
+def uvicorn_config(app: Any, http: HttpArgs, log_level: str, **overrides: Any) -> uvicorn.Config:
+    """The uvicorn configuration of an Arbor app, with the connection limits of `http`."""
+    protocol = type("ArborH11Protocol", (DeadlineH11Protocol,), {"header_timeout_s": http.header_timeout_s})
     settings: dict[str, Any] = {
-        "host": args.host, "port": args.port, "log_level": args.log_level, "timeout_graceful_shutdown": 5,
-        "http": protocol, "limit_concurrency": args.max_connections, "timeout_keep_alive": args.keep_alive_timeout_s,
+        "host": http.host, "port": http.port, "log_level": log_level, "timeout_graceful_shutdown": 5,
+        "http": protocol, "limit_concurrency": http.max_connections, "timeout_keep_alive": http.keep_alive_timeout_s,
         # The client's address is the socket's: X-Forwarded-For from a loopback peer must not
         # pass --disaggregation-allowed-peers (uvicorn trusts it from 127.0.0.1 by default).
         "proxy_headers": False,

@@ -44,7 +44,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await read_body(request, CompletionRequest, state.args)
+        body = await read_body(request, CompletionRequest, state.http)
         body.refuse_unsupported()
         state.check_model(body.model)
         if body.echo:
@@ -69,15 +69,15 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         results = await state.collect(request, prepared)
         choices = [_completion_choice(i * body.n + (o.index or 0), o, k) for i, outs in enumerate(results)
                    for o in outs]
-        usage = _usage(results, state.args.enable_cache_report)
+        usage = _usage(results, state.http.enable_cache_report)
         return JSONResponse({**meta.head("text_completion"), "choices": choices, "usage": usage})
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        body = await read_body(request, ChatCompletionRequest, state.args)
+        body = await read_body(request, ChatCompletionRequest, state.http)
         body.refuse_unsupported()
         state.check_model(body.model)
-        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.args.tool_call_parser)
+        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.http.tool_call_parser)
         if tools is not None and tools.forced and (body.response_format is not None or body.regex is not None
                                                    or body.ebnf is not None):
             raise ApiError(400, "a required or named tool_choice constrains the answer to tool calls; drop "
@@ -103,7 +103,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         one.require_reasoning = body.require_reasoning
         prepared = await state.prepare([one])
         meta = _Meta("chatcmpl", state.model_name)
-        reasoning = make_reasoning_parser(state.args.reasoning_parser) if body.separate_reasoning else None
+        reasoning = make_reasoning_parser(state.http.reasoning_parser) if body.separate_reasoning else None
         shape = AnswerShape(reasoning, tools, stream_reasoning=bool(body.stream_reasoning))
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
@@ -113,7 +113,7 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         for out in results[0]:
             _remember(state, out, caller.tenant)
         choices = [_chat_choice(o.index or 0, o, k, shape) for o in results[0]]
-        usage = _usage(results, state.args.enable_cache_report)
+        usage = _usage(results, state.http.enable_cache_report)
         return JSONResponse({**meta.head("chat.completion"), "choices": choices, "usage": usage})
 
 
@@ -355,7 +355,7 @@ async def _stream_completions(
             yield {**meta.head("text_completion"), "choices": [choice]}
     if include_usage:
         by_prompt = [[finals[i * n + j] for j in range(n)] for i in range(len(prepared))]
-        yield {**meta.head("text_completion"), "choices": [], "usage": _usage(by_prompt, state.args.enable_cache_report)}
+        yield {**meta.head("text_completion"), "choices": [], "usage": _usage(by_prompt, state.http.enable_cache_report)}
 
 
 async def _stream_chat(
@@ -386,4 +386,4 @@ async def _stream_chat(
             reason = split.finish(reason)
             yield {**head, "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}]}
     if include_usage:
-        yield {**head, "choices": [], "usage": _usage([[finals[i] for i in range(n)]], state.args.enable_cache_report)}
+        yield {**head, "choices": [], "usage": _usage([[finals[i] for i in range(n)]], state.http.enable_cache_report)}

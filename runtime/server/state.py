@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import HttpArgs, ServerArgs
 from arbor.runtime.io.generate_input import GenerateInput, bootstrap_of
 from arbor.runtime.io.messages import Bootstrap
 from arbor.runtime.io.outputs import GenerateOutput
@@ -41,17 +41,19 @@ class ServerState:
     """Everything the routes share: the front door, the tokenizer, metrics, limits."""
 
     def __init__(self, args: ServerArgs) -> None:
+        """`args` starts the processes; the routes read only `http`, their own section."""
         from transformers import AutoTokenizer
 
         from arbor.runtime.model.model_config import ModelConfig
         from arbor.runtime.tiny_model import builtin_model_path
 
         self.args = args
-        self.model_path = args.model_path or str(builtin_model_path())
+        self.http = args.http
+        self.model_path = args.model.path or str(builtin_model_path())
         ModelConfig.from_dir(self.model_path)  # a bad checkpoint fails before any process starts
-        self.tokenizer_path = args.tokenizer_path or self.model_path
+        self.tokenizer_path = args.model.tokenizer_path or self.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
-        self.model_name = args.served_model_name or Path(self.model_path).name
+        self.model_name = args.http.served_model_name or Path(self.model_path).name
         for directory in (self.model_path, self.tokenizer_path):  # errors name the model, never its directory
             hide(directory, self.model_name)
         self.chat = ChatTokenizer(self.tokenizer)
@@ -63,11 +65,12 @@ class ServerState:
         self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="arbor-tokenizer")
         self._watcher: asyncio.Task[None] | None = None
         self.inflight = 0
-        self.keys = Keys.load(args)
-        self.gate = BootstrapGate(args)
+        self.keys = Keys.load(args.http, args.disagg)
+        self.gate = BootstrapGate(args.disagg)
 
     async def start(self) -> None:
-        self.manager = TokenizerManager(self.args, self.tokenizer, self.children)
+        self.manager = TokenizerManager(self.http, self.args.grammar, self.args.disagg, self.tokenizer,
+                                        self.children)
         self.children.start()
         try:
             await self.manager.start(START_TIMEOUT_S)
@@ -135,8 +138,8 @@ class ServerState:
         """What SGLang's /get_server_info reports that routers read (model, sizes, mode)."""
         info = self.front().info
         return {**self.model_paths(caller), "served_model_name": self.model_name, "is_generation": True,
-                "tp_size": self.args.tp_size, "dp_size": 1,
-                "disaggregation_mode": self.args.disaggregation_mode, "max_running_requests": self.args.max_running_requests,
+                "tp_size": self.args.parallel.tp_size, "dp_size": 1, "disaggregation_mode": self.args.disagg.mode,
+                "max_running_requests": self.args.scheduler.max_running_requests,
                 "max_total_num_tokens": info["max_total_tokens"], "context_length": info["context_length"],
                 "kv_cache_dtype": info["kv_cache_dtype"],
                 "version": version("arbor")}
@@ -145,8 +148,8 @@ class ServerState:
         """Validate every prompt before any runs; a bad one is a 400 naming the problem. Long
         texts are tokenized on the tokenizer thread, so the event loop never stalls on them."""
         front = self.front()
-        if len(inputs) > self.args.max_batch_prompts:
-            raise ApiError(400, f"a batch may hold at most {self.args.max_batch_prompts} prompts, got {len(inputs)}")
+        if len(inputs) > self.http.max_batch_prompts:
+            raise ApiError(400, f"a batch may hold at most {self.http.max_batch_prompts} prompts, got {len(inputs)}")
         with refusing():
             if sum(len(i.text or "") for i in inputs) <= INLINE_TOKENIZE_CHARS:
                 return front.prepare_batch(inputs)
@@ -172,7 +175,7 @@ class ServerState:
     def check_capacity(self, count: int) -> None:
         """429 when `count` more requests would pass max_concurrent_requests (checked before a
         stream starts, so the refusal is a status code rather than an error event)."""
-        limit = self.args.max_concurrent_requests
+        limit = self.http.max_concurrent_requests
         if self.inflight + count > limit:
             raise ApiError(429, f"the server is at its limit of {limit} concurrent requests; retry shortly",
                            "rate_limit_error")
@@ -232,13 +235,13 @@ def _api_error(e: Exception) -> ApiError:
     return ApiError(getattr(e, "status", 400), str(e))
 
 
-async def read_body(request: Request, kind: type, args: ServerArgs) -> Any:
+async def read_body(request: Request, kind: type, http: HttpArgs) -> Any:
     """The request body decoded into `kind`, refusing bodies over --max-body-bytes with 413, and
     with 408 a body whose next piece takes longer than --body-timeout-s or whose whole takes
     longer than --body-deadline-s (so a slow trickle cannot hold a connection for ever)."""
-    limit, timeout_s = args.max_body_bytes, args.body_timeout_s
+    limit, timeout_s = http.max_body_bytes, http.body_timeout_s
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + args.body_deadline_s
+    deadline = loop.time() + http.body_deadline_s
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the body has {declared} bytes; the limit is {limit} (--max-body-bytes)")
@@ -252,7 +255,7 @@ async def read_body(request: Request, kind: type, args: ServerArgs) -> Any:
             break
         except asyncio.TimeoutError:
             if left <= timeout_s:
-                raise ApiError(408, f"the body took over {args.body_deadline_s:g} s in all (--body-deadline-s); "
+                raise ApiError(408, f"the body took over {http.body_deadline_s:g} s in all (--body-deadline-s); "
                                     "send it at once") from None
             raise ApiError(408, f"the body stalled for {timeout_s:g} s (--body-timeout-s); send it at once") from None
         size += len(chunk)

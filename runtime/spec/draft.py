@@ -12,8 +12,6 @@ the rest (`KVManager.truncate`); when the target releases a request, so does the
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from arbor.kernels.cpu_ops import argmax_cpu
@@ -31,7 +29,7 @@ class DraftProposer:
 
     def __init__(self, args: ServerArgs, target: ModelRunner) -> None:
         # As many KV slots as the target's pool, so every running request fits in both.
-        draft_args = dataclasses.replace(args, max_total_tokens=target.allocator.total_slots)
+        draft_args = args.with_flags(max_total_tokens=target.allocator.total_slots)
         vocab = target.config.vocab_size
         hot = load_token_map(args.speculative_token_map, vocab) if args.speculative_token_map else None
         self.runner = ModelRunner(draft_args, str(args.speculative_draft_model_path), hot)

@@ -29,7 +29,7 @@ def test_triton_backend_equals_torch_backend(tiny_model, name, page_size, kv) ->
     """fp8_e4m3: both backends attend to the float8 pool's values (read in the Triton kernels
     as float8 and widened there)."""
     path = str(tiny_model(name))
-    runners = [ModelRunner(ServerArgs(dtype="float32", max_total_tokens=1024, page_size=page_size,
+    runners = [ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=1024, page_size=page_size,
                                       attention_backend=b, kv_cache_dtype=kv), path) for b in ("torch", "triton")]
     assert runners[1].model.norm.kernel is rmsnorm_triton  # the fused ops are in use
     gen = torch.Generator().manual_seed(0)
@@ -66,7 +66,7 @@ def test_speculative_verify_through_the_triton_backend(tiny_model) -> None:
     prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5]
     results = []
     for spec in (None, "ngram"):
-        args = ServerArgs(dtype="float32", max_total_tokens=1024, attention_backend="triton",
+        args = ServerArgs.from_flags(dtype="float32", max_total_tokens=1024, attention_backend="triton",
                           speculative_algorithm=spec)
         sched = Scheduler(args, path)
         for i, p in enumerate(prompts):

@@ -56,8 +56,8 @@ def _chats(sched: Scheduler, chats: int, prompt: int, logprob_start: int = -1) -
 def test_second_turns_of_chats_that_filled_the_pool_all_finish(tiny_model):
     # Ten 1,000-token chats in a 10,000-token pool: the second turns once waited for ever.
     path = str(tiny_model("llama"))
-    tight = Scheduler(ServerArgs(device="cpu", dtype="float32", max_total_tokens=10_000), path)
-    roomy = Scheduler(ServerArgs(device="cpu", dtype="float32", max_total_tokens=40_000), path)
+    tight = Scheduler(ServerArgs.from_flags(device="cpu", dtype="float32", max_total_tokens=10_000), path)
+    roomy = Scheduler(ServerArgs.from_flags(device="cpu", dtype="float32", max_total_tokens=40_000), path)
     got, want = _chats(tight, 10, 1000), _chats(roomy, 10, 1000)
     assert got == want
     assert all(reason == FinishLength(length=8) for _, reason, _ in got.values())
@@ -65,8 +65,8 @@ def test_second_turns_of_chats_that_filled_the_pool_all_finish(tiny_model):
 
 def test_prompt_logprobs_survive_a_tight_pool(tiny_model):
     path = str(tiny_model("llama"))
-    tight = Scheduler(ServerArgs(device="cpu", dtype="float32", max_total_tokens=1100), path)
-    roomy = Scheduler(ServerArgs(device="cpu", dtype="float32", max_total_tokens=20_000), path)
+    tight = Scheduler(ServerArgs.from_flags(device="cpu", dtype="float32", max_total_tokens=1100), path)
+    roomy = Scheduler(ServerArgs.from_flags(device="cpu", dtype="float32", max_total_tokens=20_000), path)
     got, want = _chats(tight, 5, 200, logprob_start=150), _chats(roomy, 5, 200, logprob_start=150)
     assert got == want
     assert all(len(lps) == 200 + 8 + 3 - 150 for _, _, lps in got.values())

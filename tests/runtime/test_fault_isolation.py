@@ -34,7 +34,7 @@ def _ids(outs: list[ReqOut], rid: str) -> list[int]:
 
 def test_a_failing_forward_ends_only_its_batch(tiny_model):
     # Without mixed batches the victim's prefill is a batch of its own.
-    args = ServerArgs(device="cpu", attention_backend="torch", dtype="float32", enable_mixed_chunk=False)
+    args = ServerArgs.from_flags(device="cpu", attention_backend="torch", dtype="float32", enable_mixed_chunk=False)
     clean = Scheduler(args, str(tiny_model("llama")))
     clean.add(_req("steady", [11, 12, 13, 14], 6))
     clean_outs: list[ReqOut] = []
@@ -68,7 +68,7 @@ def test_a_failing_forward_ends_only_its_batch(tiny_model):
 
 
 def test_a_failing_mixed_step_ends_its_prefill_and_decode_rows_and_serving_goes_on(tiny_model):
-    sched = Scheduler(ServerArgs(device="cpu", attention_backend="torch", dtype="float32"),
+    sched = Scheduler(ServerArgs.from_flags(device="cpu", attention_backend="torch", dtype="float32"),
                       str(tiny_model("llama")))
     sched.add(_req("steady", [11, 12, 13, 14], 6))
     outs = sched.step()

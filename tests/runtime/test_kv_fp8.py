@@ -30,7 +30,7 @@ def test_fp8_cache_holds_twice_the_tokens(tiny_model, monkeypatch) -> None:
     """The same memory budget: float8 slots are half the bytes of bf16 ones."""
     monkeypatch.setattr(runner_module, "_free_memory_bytes", lambda device: 64 * 2**20)
     path = str(tiny_model("llama"))
-    sizes = {kv: ModelRunner(ServerArgs(dtype="bfloat16", kv_cache_dtype=kv, max_running_requests=512), path)
+    sizes = {kv: ModelRunner(ServerArgs.from_flags(dtype="bfloat16", kv_cache_dtype=kv, max_running_requests=512), path)
              for kv in ("auto", "fp8_e4m3")}
     bf16, fp8 = sizes["auto"], sizes["fp8_e4m3"]
     assert fp8.kv_pool.k[0].dtype == torch.float8_e4m3fn

@@ -16,7 +16,7 @@ from arbor.runtime.scheduler.scheduler import Scheduler
 
 def _serve(model: str, mixed: bool, page_size: int) -> tuple[dict[str, list[int]], list[str]]:
     """Staggered arrivals (one new request every other step); tokens per rid and the modes."""
-    args = ServerArgs(device="cpu", attention_backend="torch", dtype="float32", enable_mixed_chunk=mixed,
+    args = ServerArgs.from_flags(device="cpu", attention_backend="torch", dtype="float32", enable_mixed_chunk=mixed,
                       chunked_prefill_size=48, page_size=page_size)
     sched = Scheduler(args, model)
     modes: list[str] = []

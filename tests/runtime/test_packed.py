@@ -31,7 +31,7 @@ def test_packed_linear_equals_f_linear_bit_for_bit(rows: int, bias: bool) -> Non
 
 def _generate(model: str, monkeypatch: pytest.MonkeyPatch, packed: bool) -> list[list[int]]:
     monkeypatch.setattr(runner, "can_pack", lambda *a: packed)
-    sched = Scheduler(ServerArgs(device="cpu", dtype="bfloat16"), model)
+    sched = Scheduler(ServerArgs.from_flags(device="cpu", dtype="bfloat16"), model)
     for i, prompt in enumerate([[5, 6, 7], list(range(10, 60)), [300] * 9]):
         sched.add(TokenizedGenerateReq(rid=str(i), input_ids=pack_ids(prompt), sampling=SamplingParams(
             max_new_tokens=10, temperature=0, ignore_eos=True)))

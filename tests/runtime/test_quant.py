@@ -65,7 +65,7 @@ def _logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]
 
 
 def _runner(name: str, dtype: str = "float32") -> ModelRunner:
-    return ModelRunner(ServerArgs(dtype=dtype, max_total_tokens=1024), str(DATA / name))
+    return ModelRunner(ServerArgs.from_flags(dtype=dtype, max_total_tokens=1024), str(DATA / name))
 
 
 @pytest.mark.parametrize("name", WEIGHT_ONLY + WITH_ACTIVATIONS)

@@ -42,7 +42,7 @@ def _rank(rank: int, size: int, port: int, path: str, out: str, backend: str) ->
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=size)
     try:
-        runner = ModelRunner(ServerArgs(dtype="float32", max_total_tokens=SLOTS, attention_backend=backend), path,
+        runner = ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=SLOTS, attention_backend=backend), path,
                              tp=TensorParallel(rank, size), num_slots=SLOTS)
         logits = _logits(runner)
         if rank == 0:
@@ -62,7 +62,7 @@ def _free_port() -> int:
 def test_two_ranks_match_one(tmp_path: Path, kv_heads: int, tied: bool, backend: str) -> None:
     path = make_tiny_model(tmp_path / "model", TinySpec(layers=2, hidden=64, heads=4, kv_heads=kv_heads,
                                                         intermediate=96, tie_word_embeddings=tied))
-    single = _logits(ModelRunner(ServerArgs(dtype="float32", max_total_tokens=SLOTS), str(path), num_slots=SLOTS))
+    single = _logits(ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=SLOTS), str(path), num_slots=SLOTS))
     out = tmp_path / "tp2.safetensors"
     mp.start_processes(_rank, args=(2, _free_port(), str(path), str(out), backend), nprocs=2, start_method="spawn")
     split = load_file(out)["logits"]
