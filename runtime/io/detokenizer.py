@@ -28,6 +28,7 @@ from arbor.runtime.io.messages import (
     ToDetokenizer,
     unpack_ids,
 )
+from arbor.runtime.io.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 HOLD_BACK = "\ufffd"  # an incomplete UTF-8 sequence decodes to this
@@ -150,9 +151,7 @@ def run_detokenizer(tokenizer_path: str, endpoints: dict[str, str], heartbeat: H
     scheduler = Pusher(ctx, endpoints["scheduler"])
     parent = os.getppid()
     try:
-        from transformers import AutoTokenizer
-
-        detok = IncrementalDetokenizer(AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True))
+        detok = IncrementalDetokenizer(load_tokenizer(tokenizer_path))
     except Exception as exc:  # reported to the front door, which fails start-up with it
         front.send(ProcessError(process="detokenizer", message=f"{type(exc).__name__}: {exc}"))
         return

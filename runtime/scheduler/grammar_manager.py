@@ -22,6 +22,7 @@ from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.kernels.reference import apply_token_bitmask_ref
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.io.messages import FinishAbort
+from arbor.runtime.io.tokenizer import load_tokenizer
 from arbor.runtime.scheduler.req import Req
 
 logger = logging.getLogger(__name__)
@@ -42,9 +43,7 @@ class GrammarManager:
         self.retokenizer: Retokenizer | None = None
 
     def _build(self, tokenizer_path: str, eos_ids: list[int], logits_size: int) -> None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
+        tokenizer = load_tokenizer(tokenizer_path)
         vocab = TokenVocabulary.from_tokenizer(tokenizer, eos_ids, logits_size)
         self.retokenizer = Retokenizer(tokenizer, vocab)
         self.compiler = GrammarCompiler(vocab, self.config,
