@@ -51,7 +51,9 @@ class AttentionBackend(ABC):
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
         """`init_forward_metadata` for the DECODE batch about to be recorded (one of the
         captured sizes, at most `max_batch_size` rows), written into views of the static
-        buffers, so every replay of the recording reads what `prepare_for_replay` put there."""
+        buffers, so every replay of the recording reads what `prepare_for_replay` put there.
+        The batch's token-major tensors (`out_cache_loc`, `input_ids`, `positions`) are the
+        caller's own static inputs, which it refills before each replay."""
         raise NotImplementedError(f"{type(self).__name__} does not capture decode steps")
 
     def prepare_for_replay(self, batch: ForwardBatch, padded_size: int) -> None:
