@@ -75,7 +75,7 @@ class RadixCache(PrefixCache):
             indices += value
         return MatchResult(indices, node, length)
 
-    def insert(self, key: TokenIds, indices: array | TokenIds, cache_salt: str | None = None) -> int:
+    def insert(self, key: TokenIds, indices: array[int] | TokenIds, cache_salt: str | None = None) -> int:
         """Add `key` -> `indices` and return how many leading tokens were already cached.
 
         With page_size > 1 only whole pages are cached; the unaligned tail stays the caller's.
@@ -160,6 +160,7 @@ class RadixCache(PrefixCache):
             else:
                 break
             parent = node.parent
+            assert parent is not None  # a live LRU entry is a leaf in the tree
             slots += node.value
             freed += len(node.value)
             del parent.children[node.edge]
@@ -261,7 +262,7 @@ class RadixCache(PrefixCache):
             self._root_salts[root.uid] = salt
         return root
 
-    def _walk(self, node: TreeNode, key: bytes) -> tuple[TreeNode, list[array], int]:
+    def _walk(self, node: TreeNode, key: bytes) -> tuple[TreeNode, list[array[int]], int]:
         """Follow `key` down from `node`, stamping the path; split where the match ends mid-edge.
 
         Returns the deepest matched node, the slot arrays along the path, and the length.
@@ -271,7 +272,7 @@ class RadixCache(PrefixCache):
         page = self._page_bytes
         end = len(key) - len(key) % page
         pos = 0
-        values: list[array] = []
+        values: list[array[int]] = []
         while pos < end:
             child = node.children.get(key[pos : pos + page])
             if child is None:

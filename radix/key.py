@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import TypeAlias
 
 TOKEN_BYTES = 4
-TokenIds = bytes | array | Sequence[int]
+# A string: `array` takes a type argument at run time only from Python 3.12.
+TokenIds: TypeAlias = "bytes | array[int] | Sequence[int]"
 
 
 def to_key(tokens: TokenIds) -> bytes:
@@ -20,7 +22,7 @@ def to_key(tokens: TokenIds) -> bytes:
     return array("i", tokens).tobytes()
 
 
-def to_values(indices: array | Sequence[int]) -> array:
+def to_values(indices: array[int] | Sequence[int]) -> array[int]:
     """KV slot indices as a compact int32 array (no copy when already one)."""
     if isinstance(indices, array) and indices.typecode == "i":
         return indices

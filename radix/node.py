@@ -17,7 +17,7 @@ class TreeNode:
 
     __slots__ = ("children", "edge", "key", "last_access", "lock_ref", "parent", "uid", "value")
 
-    def __init__(self, parent: TreeNode | None, edge: bytes, key: bytes, value: array, now: int) -> None:
+    def __init__(self, parent: TreeNode | None, edge: bytes, key: bytes, value: array[int], now: int) -> None:
         self.children: dict[bytes, TreeNode] = {}
         self.parent = parent
         self.edge = edge

@@ -32,7 +32,7 @@ class NullPrefixCache(PrefixCache):
         self.stats.query_tokens += len(key) // TOKEN_BYTES if isinstance(key, bytes) else len(key)
         return MatchResult(array("i"), self._root, 0)
 
-    def insert(self, key: TokenIds, indices: array | TokenIds, cache_salt: str | None = None) -> int:
+    def insert(self, key: TokenIds, indices: array[int] | TokenIds, cache_salt: str | None = None) -> int:
         """Nothing was cached before, and nothing is kept now."""
         return 0
 

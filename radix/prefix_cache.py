@@ -6,18 +6,18 @@ from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from arbor.radix.key import TokenIds
 from arbor.radix.node import TreeNode
 
-FreeFn = Callable[[array], object]
+FreeFn: TypeAlias = "Callable[[array[int]], object]"
 
 
 class MatchResult(NamedTuple):
     """Longest cached prefix: its KV slots, the node ending it (a lock handle), its length."""
 
-    indices: array
+    indices: array[int]
     last_node: TreeNode
     length: int
 
@@ -68,7 +68,7 @@ class PrefixCache(ABC):
         """
 
     @abstractmethod
-    def insert(self, key: TokenIds, indices: array | TokenIds, cache_salt: str | None = None) -> int:
+    def insert(self, key: TokenIds, indices: array[int] | TokenIds, cache_salt: str | None = None) -> int:
         """Offer `key` -> `indices` (one slot per token); return how many leading tokens were
         already cached. The cache keeps [that, `cacheable_len(len(key))`)."""
 
