@@ -5,13 +5,11 @@ fields, flat as before (`--kv-cache-dtype` is `CacheArgs.dtype`)."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
+from arbor.runtime.flags import FlagTable, Section, opt
 from arbor.runtime.model.weights import WEIGHT_SOURCES
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
@@ -28,51 +26,29 @@ TransferBackend = Literal["nixl", "mooncake"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
 
-def _opt(default: Any, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
-    """A field with its CLI help text; `flag` when the flag's name is not the field's, `choices`
-    only for a str field whose choices come from a registry (else a Literal type states them)."""
-    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
-
-
-class Section:
-    """A group of fields that checks itself when built (also when decoded from JSON)."""
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            allowed = _choices(type(self), f)
-            value = getattr(self, f.name)
-            if allowed and value not in allowed and not (value is None and _optional(type(self), f)):
-                raise ValueError(f"--{_flag(f).replace('_', '-')} must be one of {', '.join(allowed)}, "
-                                 f"got {value!r}")
-        self.validate()
-
-    def validate(self) -> None:
-        """The section's own checks; a ValueError names the flag to change."""
-
-
 @dataclass(frozen=True)
 class ModelArgs(Section):
     """The checkpoint and how it runs: for the model runner and the loader."""
 
-    path: str | None = _opt(
+    path: str | None = opt(
         None, "Hugging Face checkpoint directory; empty = the built-in tiny checkpoint.", "model_path"
     )
-    tokenizer_path: str | None = _opt(None, "Tokenizer directory; empty = model_path.")
-    load_format: str = _opt(
+    tokenizer_path: str | None = opt(None, "Tokenizer directory; empty = model_path.")
+    load_format: str = opt(
         "auto", "Format of the checkpoint's weights. auto = the format model_path holds; "
         + "; ".join(f"{name} = {source.expects}" for name, source in WEIGHT_SOURCES.items()) + ".",
         choices=("auto", *WEIGHT_SOURCES),
     )
-    dtype: Dtype = _opt(
+    dtype: Dtype = opt(
         "auto",
         "Weight and activation dtype. auto = bfloat16 on CUDA and on CPUs with fast bf16 "
         "(avx512_bf16 or AMX), else float32.",
     )
-    device: str = _opt("auto", "Device to run on. auto = cuda when available, else cpu.")
-    context_length: int | None = _opt(
+    device: str = opt("auto", "Device to run on. auto = cuda when available, else cpu.")
+    context_length: int | None = opt(
         None, "Longest prompt + output in tokens; empty = the checkpoint's own limit."
     )
-    attention_backend: AttentionBackend = _opt(
+    attention_backend: AttentionBackend = opt(
         "auto", "Attention implementation: triton (the Triton kernels, with fused RMSNorm, SiLU and "
         "RoPE; CUDA only) or torch (any device). auto = triton on CUDA, torch elsewhere.",
     )
@@ -82,22 +58,22 @@ class ModelArgs(Section):
 class CacheArgs(Section):
     """The KV cache: its pool, pages and prefix reuse; for the KV pool and the KV manager."""
 
-    page_size: int = _opt(1, "KV-cache slots per page (1 = token-level pages).")
-    max_total_tokens: int | None = _opt(
+    page_size: int = opt(1, "KV-cache slots per page (1 = token-level pages).")
+    max_total_tokens: int | None = opt(
         None,
         "KV-cache capacity in tokens; empty = min(max_running_requests * context_length, "
         "what kv_cache_memory_fraction of free memory holds).",
     )
-    dtype: KVCacheDtype = _opt(
+    dtype: KVCacheDtype = opt(
         "auto", "KV-cache storage. auto = the model's dtype; fp8_e4m3 (or fp8) = float8 e4m3, half the "
         "bytes of bf16 (twice the tokens in the same memory), values saturating at +-448 (scale 1, as "
         "vLLM without calibrated scales), widened back in attention.", "kv_cache_dtype",
     )
-    memory_fraction: float = _opt(
+    memory_fraction: float = opt(
         0.25, "Fraction of free memory (after weights) the KV cache may take when sized automatically.",
         "kv_cache_memory_fraction",
     )
-    disable_radix_cache: bool = _opt(False, "Do not reuse KV of shared prefixes.")
+    disable_radix_cache: bool = opt(False, "Do not reuse KV of shared prefixes.")
 
     def validate(self) -> None:
         if self.page_size < 1:
@@ -110,26 +86,26 @@ class CacheArgs(Section):
 class SchedulerArgs(Section):
     """Batching: how many requests run, how prompts are split and in which order they go."""
 
-    max_running_requests: int = _opt(64, "Most requests decoded together in one batch.")
-    chunked_prefill_size: int = _opt(
+    max_running_requests: int = opt(64, "Most requests decoded together in one batch.")
+    chunked_prefill_size: int = opt(
         2048, "Longest prompt piece prefilled in one step; longer prompts are split and "
         "interleaved with decode steps (0 = never split)."
     )
-    enable_mixed_chunk: bool = _opt(
+    enable_mixed_chunk: bool = opt(
         True, "Run prefill chunks and the running requests' decode step in one forward (mixed "
         "batches), so decoding does not pause while a prompt is prefilled (SGLang's flag; on by "
         "default here, --no-enable-mixed-chunk turns it off)."
     )
-    max_prefill_tokens: int = _opt(8192, "Token budget of one prefill batch.")
-    policy: SchedulePolicy = _opt(
+    max_prefill_tokens: int = opt(8192, "Token budget of one prefill batch.")
+    policy: SchedulePolicy = opt(
         "lpm", "Order of waiting requests: lpm = longest cached prefix first (cache-aware), "
         "fcfs = arrival order.", "schedule_policy",
     )
-    max_skips: int = _opt(
+    max_skips: int = opt(
         16, "A waiting request passed over this many times goes first (no starvation under lpm).",
         "schedule_max_skips",
     )
-    random_seed: int = _opt(0, "Seed for requests that give no seed of their own.")
+    random_seed: int = opt(0, "Seed for requests that give no seed of their own.")
 
     def validate(self) -> None:
         if self.max_running_requests < 1:
@@ -143,16 +119,16 @@ class ParallelArgs(Section):
     """How the work is spread over processes and cores: for the process launchers (tensor-parallel
     ranks, data-parallel workers), never for the scheduler, to which parallelism is invisible."""
 
-    tp_size: int = _opt(
+    tp_size: int = opt(
         1, "Tensor parallelism: split each layer's heads and MLP columns over this many scheduler "
         "processes (ranks) in lockstep, over torch.distributed (gloo on CPUs, NCCL on GPUs). On a CPU "
         "each rank takes an equal share of the cores."
     )
-    dp_size: int = _opt(
+    dp_size: int = opt(
         1, "Data parallelism: start this many independent worker servers (each with --tp-size ranks and "
         "its own radix cache) on free 127.0.0.1 ports, and sglang-router in front of them on --host/--port."
     )
-    num_threads: int | None = _opt(
+    num_threads: int | None = opt(
         None, "CPU threads of each rank's forward; empty = torch's default with one rank, the cores split "
         "evenly between ranks and data-parallel workers otherwise."
     )
@@ -168,31 +144,31 @@ class ParallelArgs(Section):
 class SpecArgs(Section):
     """Speculative decoding: for the proposers and the speculative step."""
 
-    algorithm: SpecAlgorithm | None = _opt(
+    algorithm: SpecAlgorithm | None = opt(
         None, "Speculative decoding: guess each request's next tokens, verify them in one forward. ngram = "
         "guesses from the request's own prompt and output (prompt lookup); draft = a smaller checkpoint's "
         "greedy guesses (--speculative-draft-model-path); empty = off. Greedy outputs are unchanged; "
         "sampled ones keep the target distribution (rejection sampling).", "speculative_algorithm",
     )
-    draft_model_path: str | None = _opt(
+    draft_model_path: str | None = opt(
         None, "The draft checkpoint for --speculative-algorithm draft (same tokenizer as the target); it gets "
         "its own KV cache and radix tree, as many tokens as the target's.", "speculative_draft_model_path",
     )
-    token_map: str | None = _opt(
+    token_map: str | None = opt(
         None, "A torch file with a 1-D tensor of frequent token ids (SGLang's format): the draft's LM head "
         "computes only those (FR-Spec), a cheaper draft step; outputs are unchanged, acceptance may drop.",
         "speculative_token_map",
     )
-    num_draft_tokens: int = _opt(
+    num_draft_tokens: int = opt(
         4, "Guesses per request per step (K); a step commits 1 to K + 1 tokens.", "speculative_num_draft_tokens"
     )
-    ngram_min_match: int = _opt(
+    ngram_min_match: int = opt(
         1, "Shortest suffix of a request's tokens looked up for guesses.", "speculative_ngram_min_match"
     )
-    ngram_max_match: int = _opt(
+    ngram_max_match: int = opt(
         4, "Longest suffix looked up (longer matches are tried first).", "speculative_ngram_max_match"
     )
-    max_batch: int = _opt(
+    max_batch: int = opt(
         8, "Speculate only while at most this many requests decode: larger batches are compute-bound, "
         "where verifying K extra tokens a request costs more than the accepted ones save.",
         "speculative_max_batch",
@@ -213,37 +189,37 @@ class SpecArgs(Section):
 class GrammarArgs(Section):
     """Constrained output: for the grammar manager and its compile service."""
 
-    backend: GrammarBackend = _opt(
+    backend: GrammarBackend = opt(
         "outlines", "What compiles constraints and writes their masks: outlines (Arbor's JSON-schema->regex "
         "on outlines-core's automaton; budget-aware closing of JSON), xgrammar or llguidance (pushdown "
         "automata: also EBNF and structural tags). On outlines, EBNF and structural tags go to xgrammar.",
         "grammar_backend",
     )
-    workers: int = _opt(
+    workers: int = opt(
         2, "Constraint compile worker processes (each compiles one grammar at a time).", "grammar_workers"
     )
-    compile_timeout_s: float = _opt(
+    compile_timeout_s: float = opt(
         10.0, "Longest a constraint may compile; slower ones end their request with an error.",
         "grammar_compile_timeout_s",
     )
-    max_memory_mb: int = _opt(
+    max_memory_mb: int = opt(
         4096, "Address-space cap of a compile worker; a constraint needing more fails alone.",
         "grammar_max_memory_mb",
     )
-    max_pending: int = _opt(
+    max_pending: int = opt(
         64, "Distinct constraints compiling or queued at once; a request beyond it ends with 429 (retry).",
         "grammar_max_pending",
     )
-    max_mask_ms: float = _opt(
+    max_mask_ms: float = opt(
         50.0, "Longest one request's grammar may take to write a step's mask; a slower one (an ambiguous "
         "EBNF on a pushdown backend grows with the output) ends its request with an error instead of "
         "stalling the batch.", "grammar_max_mask_ms",
     )
-    cache_mb: int = _opt(512, "Compiled constraints kept in memory (LRU, by index size).", "grammar_cache_mb")
-    cache_dir: str | None = _opt(
+    cache_mb: int = opt(512, "Compiled constraints kept in memory (LRU, by index size).", "grammar_cache_mb")
+    cache_dir: str | None = opt(
         None, "Directory for compiled constraints on disk; empty = none.", "grammar_cache_dir"
     )
-    disable_jump_forward: bool = _opt(
+    disable_jump_forward: bool = opt(
         False, "Sample every token of constrained output, even where the grammar forces the text."
     )
 
@@ -262,68 +238,68 @@ class HttpArgs(Section):
     """The front door: the HTTP listener, its keys and limits, and the shape of its answers; for
     the HTTP app and the tokenizer manager."""
 
-    host: str = _opt("127.0.0.1", "HTTP server address; the default serves this machine only.")
-    port: int = _opt(30000, "HTTP server port.")
-    metrics_port: int | None = _opt(
+    host: str = opt("127.0.0.1", "HTTP server address; the default serves this machine only.")
+    port: int = opt(30000, "HTTP server port.")
+    metrics_port: int | None = opt(
         None, "Also serve /metrics (the whole server's Prometheus metrics) on this port of 127.0.0.1, "
         "without a key, for a scraper on this machine; on --port, /metrics needs the admin key. With "
         "--dp-size N, worker i serves it on this port + i."
     )
-    api_key: str | None = _opt(
+    api_key: str | None = opt(
         None, "If set, every route but /health needs `Authorization: Bearer KEY`; the key also "
         "salts the radix cache, so different keys never share cached prefixes. A flag is visible "
         "to every local user in the process list: prefer --api-key-file or ARBOR_API_KEY."
     )
-    api_key_file: str | None = _opt(
+    api_key_file: str | None = opt(
         None, "File of API keys, one tenant a line: each its own cache namespace, aborting only its own "
         "requests. ARBOR_API_KEY in the environment is one more tenant key."
     )
-    admin_api_key_file: str | None = _opt(
+    admin_api_key_file: str | None = opt(
         None, "File whose first line is the admin key (or ARBOR_ADMIN_API_KEY): it may flush the cache "
         "and abort any request. Without one, a lone tenant key is the admin key."
     )
-    enable_cache_report: bool = _opt(
+    enable_cache_report: bool = opt(
         False, "Report cached prompt tokens in OpenAI usage (prompt_tokens_details); off by default, "
         "since it tells a caller how much of its prompt someone else sent before."
     )
-    incremental_streaming_output: bool = _opt(
+    incremental_streaming_output: bool = opt(
         False, "Native streams send only what is new in each event (text, ids, logprobs) instead of "
         "SGLang's default, the whole output so far."
     )
-    served_model_name: str | None = _opt(
+    served_model_name: str | None = opt(
         None, "Model name in the OpenAI API; empty = the checkpoint directory's name."
     )
-    max_body_bytes: int = _opt(4 << 20, "Largest HTTP request body accepted (413 above it).")
-    max_n: int = _opt(16, "Largest n (samples per prompt) a request may ask for.")
-    max_batch_prompts: int = _opt(256, "Most prompts in one batched request.")
-    max_concurrent_requests: int = _opt(
+    max_body_bytes: int = opt(4 << 20, "Largest HTTP request body accepted (413 above it).")
+    max_n: int = opt(16, "Largest n (samples per prompt) a request may ask for.")
+    max_batch_prompts: int = opt(256, "Most prompts in one batched request.")
+    max_concurrent_requests: int = opt(
         1024, "Requests in flight at once; more are refused with 429 until some finish."
     )
-    max_connections: int = _opt(
+    max_connections: int = opt(
         2048, "Open HTTP connections at once; a connection beyond them gets 503 "
         "(--max-concurrent-requests bounds the requests that run)."
     )
-    header_timeout_s: float = _opt(
+    header_timeout_s: float = opt(
         10.0, "Longest a client may take to send a request's headers; then the connection is closed."
     )
-    body_timeout_s: float = _opt(
+    body_timeout_s: float = opt(
         30.0, "Longest wait for the next piece of a request body (408 after it)."
     )
-    body_deadline_s: float = _opt(
+    body_deadline_s: float = opt(
         60.0, "Longest a request body may take in all, however steadily it trickles in (408 after it)."
     )
-    keep_alive_timeout_s: int = _opt(5, "Idle keep-alive connections close after this many seconds.")
-    health_heartbeat_timeout_s: float = _opt(
+    keep_alive_timeout_s: int = opt(5, "Idle keep-alive connections close after this many seconds.")
+    health_heartbeat_timeout_s: float = opt(
         20.0, "/health answers 503 naming the process when the scheduler's or the detokenizer's loop has "
         "not come around for this many seconds (one stuck step, or a stopped process); idle loops come "
         "around every second, so an idle server stays healthy."
     )
-    tool_call_parser: ToolCallParser | None = _opt(
+    tool_call_parser: ToolCallParser | None = opt(
         None, "The model family's tool-call format, for tools in chat requests: qwen25 (<tool_call> JSON "
         "blocks), llama3 (JSON calls joined by '; '), mistral ([TOOL_CALLS] and a JSON list), pythonic "
         "([f(a=1)]). Empty = tool calls are not parsed (tool_choice \"none\" only).",
     )
-    reasoning_parser: ReasoningParser | None = _opt(
+    reasoning_parser: ReasoningParser | None = opt(
         None, "Split the model's <think>...</think> section into reasoning_content in chat answers: qwen3 "
         "(only when the answer opens with <think>), deepseek-r1 (the answer starts inside it). Empty = "
         "reasoning stays in content.",
@@ -345,48 +321,48 @@ class HttpArgs(Section):
 class DisaggArgs(Section):
     """Prefill/decode disaggregation: for the PD role, the bootstrap gate and the PD secret."""
 
-    mode: DisaggMode = _opt(
+    mode: DisaggMode = opt(
         "null", "Prefill/decode disaggregation (behind sglang-router --pd-disaggregation). prefill = compute "
         "each prompt's KV, write it into the decode worker's pool and answer with the first token; decode = "
         "take each request's prompt KV from the prefill worker its bootstrap fields name, then decode; "
         "null = a normal worker.", "disaggregation_mode",
     )
-    transfer_backend: TransferBackend = _opt(
+    transfer_backend: TransferBackend = opt(
         "nixl", "How KV moves between prefill and decode workers: nixl (NIXL, UCX backend: host or GPU "
         "memory, RDMA where present). mooncake is SGLang's other engine; Arbor refuses it with a message.",
         "disaggregation_transfer_backend",
     )
-    bootstrap_port: int = _opt(
+    bootstrap_port: int = opt(
         8998, "With --disaggregation-mode prefill: the TCP port (on --host) where decode workers ask for "
         "KV; give the router the same port (--prefill URL PORT).", "disaggregation_bootstrap_port",
     )
-    secret_file: str | None = _opt(
+    secret_file: str | None = opt(
         None, "File whose first line is the PD secret shared by sglang-router (its --api-key) and every "
         "prefill and decode worker (or ARBOR_PD_SECRET in the environment; never a flag). Required with "
         "--disaggregation-mode: only a caller presenting it may set bootstrap fields, and it signs every "
         "bootstrap message.", "disaggregation_secret_file",
     )
-    prefill_peers: str | None = _opt(
+    prefill_peers: str | None = opt(
         None, "With --disaggregation-mode decode (required there): comma-separated HOST:PORT bootstrap "
         "addresses of the prefill workers this worker may pull KV from, as the router names them "
         "(--prefill URL PORT).", "disaggregation_prefill_peers",
     )
-    staging_mb: int = _opt(
+    staging_mb: int = opt(
         1024, "With --disaggregation-mode decode: most MB of staging buffers (KV on its way in, one per "
         "pull) held at once; a pull beyond it waits (one is always let through).",
         "disaggregation_staging_mb",
     )
-    allowed_peers: str | None = _opt(
+    allowed_peers: str | None = opt(
         None, "Comma-separated client addresses (IPs) that may set bootstrap fields without presenting the "
         "PD secret, e.g. the router's host in a private network; empty = none.",
         "disaggregation_allowed_peers",
     )
-    ib_device: str | None = _opt(
+    ib_device: str | None = opt(
         None, "The network device the KV transfer (UCX) uses, e.g. mlx5_0:1 or eth1; empty = the interface "
         "--host names (lo for 127.0.0.1), so the transfer never listens beyond the HTTP server's reach.",
         "disaggregation_ib_device",
     )
-    timeout_s: float = _opt(
+    timeout_s: float = opt(
         30.0, "Longest a disaggregated request waits for its partner: the decode worker for the KV, the "
         "prefill worker for the decode worker's pull; then it ends with an error on that side.",
         "disaggregation_timeout_s",
@@ -409,22 +385,22 @@ class DisaggArgs(Section):
 class RouterArgs(Section):
     """sglang-router in front of --dp-size workers: for the data-parallel supervisor."""
 
-    policy: RouterPolicy = _opt(
+    policy: RouterPolicy = opt(
         "cache_aware", "With --dp-size: how sglang-router picks a worker. cache_aware sends a request where "
         "the longest prefix of its text was sent before (so a conversation stays where its KV is) unless "
         "the load is unbalanced.", "router_policy",
     )
-    cache_threshold: float = _opt(
+    cache_threshold: float = opt(
         0.3, "With --dp-size and cache_aware: the share of a request's text that must match a worker's "
         "earlier traffic for the router to follow the match; below it, the least-loaded worker is taken.",
         "router_cache_threshold",
     )
-    balance_abs_threshold: int = _opt(
+    balance_abs_threshold: int = opt(
         64, "With --dp-size and cache_aware: the router ignores cache affinity and picks the least-loaded "
         "worker once the busiest worker has this many more requests in flight than the idlest "
         "(and --router-balance-rel-threshold times as many).", "router_balance_abs_threshold",
     )
-    balance_rel_threshold: float = _opt(
+    balance_rel_threshold: float = opt(
         1.5, "With --dp-size and cache_aware: see --router-balance-abs-threshold.",
         "router_balance_rel_threshold",
     )
@@ -444,7 +420,7 @@ class ServerArgs(Section):
     http: HttpArgs = field(default_factory=HttpArgs)
     disagg: DisaggArgs = field(default_factory=DisaggArgs)
     router: RouterArgs = field(default_factory=RouterArgs)
-    log_level: LogLevel = _opt("info", "Logging level.")
+    log_level: LogLevel = opt("info", "Logging level.")
 
     def validate(self) -> None:
         """What no one section can check alone."""
@@ -455,10 +431,10 @@ class ServerArgs(Section):
 
     def __getattr__(self, name: str) -> Any:
         # TEMPORARY (issue 36, phase 1): flat names for modules not yet given their sections.
-        entry = _flags().get(name)
-        if entry is None or entry[0] is None:
+        flag = _table().flags.get(name)
+        if flag is None or flag.section is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(object.__getattribute__(self, entry[0]), entry[1].name)
+        return getattr(object.__getattribute__(self, flag.section), flag.field.name)
 
     @classmethod
     def from_flags(cls, **flags: Any) -> ServerArgs:
@@ -467,114 +443,27 @@ class ServerArgs(Section):
 
     def with_flags(self, **flags: Any) -> ServerArgs:
         """A copy with `flags` (by flag name) replaced; every changed section checks itself again."""
-        table = _flags()
-        if unknown := sorted(set(flags) - table.keys()):
-            raise TypeError(f"ServerArgs has no flag {', '.join(unknown)}")
-        by_section: dict[str | None, dict[str, Any]] = {}
-        for name, value in flags.items():
-            section, f = table[name]
-            by_section.setdefault(section, {})[f.name] = value
-        own = by_section.pop(None, {})
-        sections = {name: dataclasses.replace(getattr(self, name), **values) for name, values in by_section.items()}
-        return dataclasses.replace(self, **sections, **own)
+        return _table().replace(self, **flags)
 
     def flag_value(self, name: str) -> Any:
         """The value of the flag `name` (e.g. kv_cache_dtype), wherever its section keeps it."""
-        section, f = _flags()[name]
-        return getattr(self if section is None else getattr(self, section), f.name)
+        return _table().value(self, name)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         """Add one `--flag` per field, with its type, default and help, a group per section."""
-        groups: dict[str | None, Any] = {None: parser}
-        for name, (section, f) in _flags().items():
-            if section not in groups:
-                owner = _section_types()[section]
-                groups[section] = parser.add_argument_group(
-                    f"{section} ({owner.__name__})", (owner.__doc__ or "").split("\n\n")[0])
-            _add_flag(groups[section], name, section, f)
+        _table().add_to(parser)
 
     def to_cli_args(self, **overrides: Any) -> list[str]:
         """The flags that rebuild these args with `overrides` applied (defaults left out)."""
-        args = self.with_flags(**overrides)
-        argv: list[str] = []
-        for name, (section, f) in _flags().items():
-            value = args.flag_value(name)
-            if value == f.default:
-                continue
-            flag = "--" + name.replace("_", "-")
-            if _hint(section, f) is bool:
-                argv.append(flag if value else "--no-" + flag[2:])
-            else:
-                argv += [flag, str(value)]
-        return argv
+        return _table().argv(self.with_flags(**overrides))
 
     @classmethod
     def from_cli_args(cls, ns: argparse.Namespace) -> ServerArgs:
         """Build ServerArgs from a parsed namespace (extra attributes are ignored)."""
-        return cls.from_flags(**{k: v for k, v in vars(ns).items() if k in _flags()})
-
-
-def _flag(f: dataclasses.Field) -> str:
-    """The flag (dest) name of a field: its own name unless the metadata names another."""
-    return f.metadata.get("flag") or f.name
+        return cls.from_flags(**{k: v for k, v in vars(ns).items() if k in _table().flags})
 
 
 @functools.cache
-def _section_types() -> dict[str, type[Section]]:
-    """ServerArgs' section attributes and their classes, in declaration order."""
-    hints = typing.get_type_hints(ServerArgs)
-    return {f.name: hints[f.name] for f in dataclasses.fields(ServerArgs)
-            if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)}
-
-
-@functools.cache
-def _flags() -> dict[str, tuple[str | None, dataclasses.Field]]:
-    """Every flag (dest) name -> (the ServerArgs attribute of its section, None for ServerArgs'
-    own fields; its field)."""
-    table: dict[str, tuple[str | None, dataclasses.Field]] = {}
-    for section, cls in _section_types().items():
-        table.update({_flag(f): (section, f) for f in dataclasses.fields(cls)})
-    own = [f for f in dataclasses.fields(ServerArgs) if f.name not in _section_types()]
-    table.update({_flag(f): (None, f) for f in own})
-    return table
-
-
-def _hint(section: str | None, f: dataclasses.Field) -> Any:
-    return _hints(ServerArgs if section is None else _section_types()[section])[f.name]
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _bare(hint: Any) -> Any:
-    """`hint` without its `| None`."""
-    if typing.get_origin(hint) in (Union, types.UnionType):
-        return next(a for a in typing.get_args(hint) if a is not type(None))
-    return hint
-
-
-def _optional(cls: type, f: dataclasses.Field) -> bool:
-    return type(None) in typing.get_args(_hints(cls)[f.name])
-
-
-def _choices(cls: type, f: dataclasses.Field) -> tuple[str, ...] | None:
-    """A field's allowed values: its Literal type's, or the registry's in its metadata."""
-    bare = _bare(_hints(cls)[f.name])
-    return typing.get_args(bare) if typing.get_origin(bare) is Literal else f.metadata.get("choices")
-
-
-def _add_flag(group: Any, name: str, section: str | None, f: dataclasses.Field) -> None:
-    """One `--flag` for a field: on/off for a bool, else typed, with its choices and default."""
-    flag, help_text = "--" + name.replace("_", "-"), f.metadata["help"]
-    bare = _bare(_hint(section, f))
-    if bare is bool and f.default:  # on by default: --flag / --no-flag
-        group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=True, help=help_text)
-    elif bare is bool:
-        group.add_argument(flag, dest=name, action="store_true", help=help_text)
-    else:
-        owner = ServerArgs if section is None else _section_types()[section]
-        group.add_argument(flag, dest=name, type=bare if bare in (int, float) else str, default=f.default,
-                           choices=_choices(owner, f), help=f"{help_text} (default: {f.default})")
+def _table() -> FlagTable:
+    return FlagTable(ServerArgs)
