@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union
 
 T = TypeVar("T")
+_HINTS: dict[type, dict[str, Any]] = {}  # each class's resolved field types
 
 
 def opt(default: Any, help: str, flag: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
@@ -76,23 +76,22 @@ class FlagTable:
         """A copy of `obj` with `values` (by flag name) replaced; each changed section checks itself."""
         if unknown := sorted(set(values) - self.flags.keys()):
             raise TypeError(f"{self.root.__name__} has no flag {', '.join(unknown)}")
-        by_section: dict[str | None, dict[str, Any]] = {}
+        own: dict[str, Any] = {}
+        by_section: dict[str, dict[str, Any]] = {}
         for name, value in values.items():
             flag = self.flags[name]
-            by_section.setdefault(flag.section, {})[flag.field.name] = value
-        own = by_section.pop(None, {})
+            changed = own if flag.section is None else by_section.setdefault(flag.section, {})
+            changed[flag.field.name] = value
         sections = {name: dataclasses.replace(getattr(obj, name), **changed) for name, changed in by_section.items()}
         return dataclasses.replace(obj, **sections, **own)  # type: ignore[type-var]
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         """One `--flag` per field, with its type, default and help; a group per section."""
-        groups: dict[str | None, Any] = {None: parser}
+        groups: dict[str, Any] = {
+            section: parser.add_argument_group(f"{section} ({owner.__name__})", (owner.__doc__ or "").split("\n\n")[0])
+            for section, owner in self.sections.items()}
         for name, flag in self.flags.items():
-            if flag.section not in groups:
-                owner = self.sections[flag.section]
-                groups[flag.section] = parser.add_argument_group(
-                    f"{flag.section} ({owner.__name__})", (owner.__doc__ or "").split("\n\n")[0])
-            _add_argument(groups[flag.section], name, flag)
+            _add_argument(parser if flag.section is None else groups[flag.section], name, flag)
 
     def argv(self, obj: Any) -> list[str]:
         """The flags that rebuild `obj` from the defaults (defaults left out)."""
@@ -112,9 +111,10 @@ def _flag_name(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or f.name
 
 
-@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
 
 
 def _bare(hint: Any) -> Any:
