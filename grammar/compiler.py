@@ -53,6 +53,9 @@ from arbor.grammar.constraint import (
 from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.grammar.worker import CompileDone, CompileJob, WorkerInit, read_frame, write_frame
 
+# What a compile gives, by backend; each makes matchers with `.matcher()` and has `size_bytes`.
+Grammar = CompiledGrammar | XgrammarGrammar | LlguidanceGrammar
+
 logger = logging.getLogger(__name__)
 WORKER_START_S = 60.0  # a compile worker's interpreter start and vocabulary load (not a job's limit)
 MAX_FAILED_MESSAGE = 1000  # characters of a failed constraint's error kept for its resends
@@ -217,7 +220,9 @@ class GrammarCompiler:
         try:
             start = time.perf_counter()
             backend = backend_for(self.config.backend, constraint.kind)
-            build = {"outlines": self._outlines, "xgrammar": self._xgrammar, "llguidance": self._llguidance}[backend]
+            builders: dict[str, Callable[[Constraint], Grammar]] = {
+                "outlines": self._outlines, "xgrammar": self._xgrammar, "llguidance": self._llguidance}
+            build = builders[backend]
             try:
                 grammar = build(constraint)
             except ValueError as exc:
@@ -308,7 +313,7 @@ class GrammarCompiler:
                     workers.put(_Worker(init, self.config.memory_mb))
             return workers
 
-    def _remember(self, constraint: Constraint, grammar: CompiledGrammar) -> None:
+    def _remember(self, constraint: Constraint, grammar: Grammar) -> None:
         limit = self.config.cache_mb << 20
         with self._lock:
             self._cache[constraint] = grammar

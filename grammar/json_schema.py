@@ -85,7 +85,9 @@ def _metaschema_problem(schema: Any) -> str | None:
     import jsonschema
 
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema, format_checker=None)
+        # types-jsonschema's Validator protocol lacks check_schema's format_checker (jsonschema has it)
+        validator = jsonschema.validators.validator_for(schema)
+        validator.check_schema(schema, format_checker=None)  # type: ignore[call-arg]
     except jsonschema.SchemaError as exc:
         where = "/".join(map(str, exc.path)) or "the top"
         return f"{exc.message[:200]} (at {where})"

@@ -15,7 +15,7 @@ import resource
 import struct
 import sys
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import IO, Any
 
 import msgspec
 
@@ -52,12 +52,12 @@ class CompileDone(msgspec.Struct):
     error: str = ""
 
 
-def write_frame(stream: BinaryIO, payload: bytes) -> None:
+def write_frame(stream: IO[bytes], payload: bytes) -> None:
     stream.write(_HEADER.pack(len(payload)) + payload)
     stream.flush()
 
 
-def read_frame(stream: BinaryIO) -> bytes | None:
+def read_frame(stream: IO[bytes]) -> bytes | None:
     """One frame, or None at end of stream."""
     head = stream.read(_HEADER.size)
     if len(head) < _HEADER.size:
@@ -126,9 +126,9 @@ def _xgrammar(info_json: bytes) -> Callable[[CompileJob], CompileDone]:
     return compile_one
 
 
-def _index_bytes(index: object) -> bytes:
+def _index_bytes(index: Any) -> bytes:
     """outlines-core's own binary form of an Index (what `Index.from_binary` reads)."""
-    _, args = index.__reduce__()  # type: ignore[misc]
+    _, args = index.__reduce__()
     return args[0]
 
 

@@ -9,7 +9,7 @@ template matcher per grammar is built and checked there; each request deep-copie
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,7 +19,10 @@ from arbor.grammar.jump_forward import MAX_JUMP_BYTES
 from arbor.grammar.structural_tag import canonical, to_lark
 from arbor.grammar.vocabulary import TokenVocabulary
 
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # only its stub exports the TypedDict
+
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def make_tokenizer(vocab: TokenVocabulary, encode: Any) -> Any:

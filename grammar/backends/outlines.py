@@ -141,11 +141,12 @@ class GrammarMatcher:
 
     def accept_tokens(self, tokens: list[int]) -> bool:
         """Advance by all of `tokens`, or by none of them."""
-        state: int | None = self.state
+        state = self.state
         for tok in tokens:
-            state = self.grammar.next_state(state, tok)
-            if state is None:
+            nxt = self.grammar.next_state(state, tok)
+            if nxt is None:
                 return False
+            state = nxt
         for tok in tokens:
             self._guide.advance(tok, return_tokens=False)
         self.state = state
