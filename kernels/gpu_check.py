@@ -10,10 +10,12 @@ The table comes last; with --out it is also written as gpu_check.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from triton.testing import do_bench
@@ -66,8 +68,8 @@ def peaks() -> dict[str, float]:
     return {"copy_GB_s": copy, "matmul_TFLOP_s": mm}
 
 
-def checks() -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
+def checks() -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
 
     def add(name: str, shape: str, err: float, tol: float, ms: float, amount: float, unit: str) -> None:
         rows.append({"kernel": name, "shape": shape, "rel_err": err, "ok": err <= tol, "ms": ms,
@@ -89,10 +91,10 @@ def checks() -> list[dict[str, object]]:
     q = torch.randn(b * ext, HQ, D, dtype=DT, device="cuda")
     k, v = (torch.randn(b * ext, HKV, D, dtype=DT, device="cuda") for _ in range(2))
     qo = torch.arange(b + 1, device="cuda", dtype=torch.int32) * ext
-    args = (q, k, v, kp, vp, qo, indptr, idx, D**-0.5, ext)
-    err = _err(extend_attention_triton(*args), extend_attention_ref(*args))
+    ext_args = (q, k, v, kp, vp, qo, indptr, idx, D**-0.5, ext)
+    err = _err(extend_attention_triton(*ext_args), extend_attention_ref(*ext_args))
     flops = 4 * b * HQ * D * (ext * pre + ext * (ext + 1) / 2)
-    add("extend_attention", f"B={b} prefix={pre} new={ext}", err, 2e-2, _ms(lambda: extend_attention_triton(*args)),
+    add("extend_attention", f"B={b} prefix={pre} new={ext}", err, 2e-2, _ms(lambda: extend_attention_triton(*ext_args)),
         flops, "TFLOP/s")
     t, h, inter = 4096, 4096, 14336
     x, r = (torch.randn(t, h, dtype=DT, device="cuda") for _ in range(2))
@@ -143,8 +145,8 @@ def _woq_rows(add: Callable[..., None], kind: int, name: str, n_out: int, k_in: 
     for m in (1, 16, 512):
         x = torch.randn(m, k_in, dtype=DT, device="cuda")
         err = _err(woq_matmul_triton(x, codes, scale, zero, group, kind), x @ dense.T)
-        ms = _ms(lambda x=x: woq_matmul_triton(x, codes, scale, zero, group, kind))
-        bf16_ms = _ms(lambda x=x: x @ dense.T)
+        ms = _ms(functools.partial(woq_matmul_triton, x, codes, scale, zero, group, kind))
+        bf16_ms = _ms(functools.partial(torch.matmul, x, dense.T))
         add(f"woq_matmul {name}", f"M={m} N={n_out} K={k_in} (bf16 {bf16_ms:.3f} ms)", err, 2e-2, ms,
             codes.numel() + m * (k_in + n_out) * 2, "GB/s")
 
