@@ -46,6 +46,8 @@ def flush_cache(backend: Backend | None = None) -> None:
 class SglFunction:
     """A program: a Python function whose first argument is the state `s`."""
 
+    __name__: str  # the function's, like its other attributes (functools.update_wrapper)
+
     def __init__(self, func: Callable[..., Any], bound: dict[str, Any] | None = None) -> None:
         self.func = func
         self.bound = bound or {}

@@ -14,9 +14,12 @@ import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from arbor.frontend_lang.chat_template import ChatTemplate, get_chat_template
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletionMessageParam
 
 SELECT_METHODS = ("token_length_normalized", "greedy_token")
 
@@ -228,7 +231,8 @@ class OpenAI(Backend):
         if "json_schema" in params:
             schema = json.loads(params.pop("json_schema"))
             extra["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
-        reply = self.client.chat.completions.create(model=self.model, messages=messages, **_openai(params), **extra)
+        wire = cast("list[ChatCompletionMessageParam]", messages)  # {"role", "content"} dicts
+        reply = self.client.chat.completions.create(model=self.model, messages=wire, **_openai(params), **extra)
         return reply.choices[0].message.content or "", _usage(reply)
 
     def generate(self, text: str, params: dict[str, Any], return_logprob: bool = False,
@@ -250,7 +254,8 @@ class OpenAI(Backend):
             raise ValueError("select needs at least one choice")
         reply = self.client.completions.create(model=self.model, prompt=text, max_tokens=1, temperature=0,
                                                logprobs=5)
-        top = reply.choices[0].logprobs.top_logprobs[0] if reply.choices[0].logprobs else {}
+        logprobs = reply.choices[0].logprobs
+        top = logprobs.top_logprobs[0] if logprobs and logprobs.top_logprobs else {}
         scores = [max((lp for tok, lp in top.items() if tok and (c.startswith(tok) or tok.startswith(c))),
                       default=-math.inf) for c in choices]
         best = max(range(len(choices)), key=lambda i: scores[i])

@@ -17,11 +17,11 @@ from arbor.frontend_lang import api as sgl
 from arbor.frontend_lang.backends import RuntimeEndpoint
 from arbor.runtime.config import ServerArgs
 
-TOOL_CALL = {"type": "object", "properties": {
+TOOL_CALL: dict[str, Any] = {"type": "object", "properties": {
     "tool": {"enum": ["search", "calculator"]},
     "query": {"type": "string", "maxLength": 24},
     "top_k": {"type": "integer", "minimum": 1, "maximum": 5}}, "required": ["tool", "query", "top_k"]}
-CITY = {"type": "object", "properties": {
+CITY: dict[str, Any] = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 16}, "population": {"type": "integer", "minimum": 0},
     "capital": {"type": "boolean"}}, "required": ["city", "population", "capital"]}
 RANDOM_WEIGHTS = ("NOTE: the built-in checkpoint has random weights: the text is noise, the structure is real "
@@ -119,7 +119,7 @@ def _openai_calls(base: str, api_key: str | None) -> None:
         model=model, messages=[{"role": "user", "content": "Describe a city as JSON."}], max_tokens=80,
         response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}})
     print("openai client, response_format json_schema:")
-    print(f"  {json.dumps(json.loads(reply.choices[0].message.content))}\n")
+    print(f"  {json.dumps(json.loads(reply.choices[0].message.content or ''))}\n")
     t0 = time.perf_counter()
     stamps = []
     for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell a story."}],

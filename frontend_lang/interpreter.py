@@ -6,6 +6,7 @@ cache (prefill only) and then runs every branch on its own thread, concurrently.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -106,7 +107,7 @@ class StreamExecutor:
         at = 0
         while True:
             with self._changed:
-                self._changed.wait_for(lambda seen=at: len(self._pieces) > seen or self._done(), timeout=_POLL_S)
+                self._changed.wait_for(functools.partial(self._grown, at), timeout=_POLL_S)
                 batch, done = self._pieces[at:], self._done()
             at += len(batch)
             for name, piece in batch:
@@ -167,11 +168,12 @@ class StreamExecutor:
         params = item.params.merged(self.defaults)
         name = item.name or self._anonymous()
         chat = getattr(self.backend, "chat", None)
+        meta: dict[str, Any]
         if chat is not None and self._role is not None and self._role[0] == "assistant":
             text, meta = chat(self.messages, params)  # OpenAI chat endpoints apply their own template
             self._append(text, name)
         elif self.stream:
-            meta: dict[str, Any] = {}
+            meta = {}
             parts = []
             for piece, info in self.backend.stream(self.text, params):
                 parts.append(piece)
@@ -197,6 +199,10 @@ class StreamExecutor:
 
     def _event(self, name: str) -> threading.Event:
         return self._set.setdefault(name, threading.Event())
+
+    def _grown(self, seen: int) -> bool:
+        """Whether text came after the first `seen` pieces, or the program ended."""
+        return len(self._pieces) > seen or self._done()
 
     def _done(self) -> bool:
         return self._finished and self._queue.unfinished_tasks == 0

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from arbor.frontend_lang.api import gen
-from arbor.frontend_lang.ir import Gen
+from arbor.frontend_lang.ir import Gen, Select
 
 _TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 _BY_NAME = {t.__name__: kind for t, kind in _TYPES.items()}
@@ -41,7 +41,7 @@ def tool_spec(tool: Tool) -> dict[str, Any]:
                            "additionalProperties": False}}
 
 
-def gen_tool_call(name: str, tools: list[Tool], max_tokens: int = 96, **kwargs: Any) -> Gen:
+def gen_tool_call(name: str, tools: list[Tool], max_tokens: int = 96, **kwargs: Any) -> Gen | Select:
     """Generate into `name` a call `{"name": ..., "arguments": {...}}` to one of `tools`. The
     JSON always closes within `max_tokens` (budget-aware decoding)."""
     specs = [tool_spec(t) for t in tools]
