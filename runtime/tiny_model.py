@@ -181,7 +181,7 @@ def _write_weights(out: Path, weights: dict[str, torch.Tensor], max_shard_bytes:
             size = 0
         shards[-1][name] = t
         size += nbytes
-    weight_map = {}
+    weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, out / fname, metadata={"format": "pt"})

@@ -42,6 +42,8 @@ def split_batch(text: Any, input_ids: Any, sampling_params: Any, **options: Any)
     ValueError naming what to change."""
     if (text is None) == (input_ids is None):
         raise ValueError("give exactly one of text (a prompt string) or input_ids (token ids)")
+    texts: list[str | None]
+    ids: list[list[int] | None]
     if isinstance(text, str):
         texts, ids, single = [text], [None], True
     elif text is not None:

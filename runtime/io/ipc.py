@@ -61,7 +61,7 @@ class Puller:
 
     def drain(self) -> list[Any]:
         """Every message already queued, without waiting."""
-        out = []
+        out: list[Any] = []
         while True:
             try:
                 frame = self.sock.recv(zmq.NOBLOCK, copy=False)
@@ -83,7 +83,7 @@ class AsyncPuller:
         self._decoder = msgspec.msgpack.Decoder(kind)
 
     async def recv(self) -> Any:
-        return self._decoder.decode(await self.sock.recv(copy=False))
+        return self._decoder.decode((await self.sock.recv(copy=False)).buffer)
 
     def close(self) -> None:
         self.sock.close()

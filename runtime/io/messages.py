@@ -36,27 +36,27 @@ class _Finish(msgspec.Struct, tag_field="type", kw_only=True, frozen=True):
     """Why a request ended (SGLang's FINISH_* family); JSON as `{"type": ..., ...}`."""
 
 
-class FinishStop(_Finish, tag="stop"):
+class FinishStop(_Finish, tag="stop", frozen=True):
     """EOS or a stop token (`matched` its id), a stop string or regex (the text), or a
     grammar that completed (None)."""
 
     matched: int | str | None = None
 
 
-class FinishLength(_Finish, tag="length"):
+class FinishLength(_Finish, tag="length", frozen=True):
     """max_new_tokens (or the context) ran out after `length` tokens."""
 
     length: int
 
 
-class FinishAbort(_Finish, tag="abort"):
+class FinishAbort(_Finish, tag="abort", frozen=True):
     """Ended early: aborted, refused, or failed; `status_code` is the HTTP code it maps to."""
 
     message: str = "aborted"
     status_code: int = 500
 
 
-class FinishInvalid(_Finish, tag="invalid"):
+class FinishInvalid(_Finish, tag="invalid", frozen=True):
     """The grammar completed, but the output breaks a schema keyword that is only checked
     after generation; `message` says which and how. Never reported as `stop`."""
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 import uuid
 
-try:
-    from re import _parser as sre_parse  # Python 3.11+: the parser re uses, for match widths
-except ImportError:  # Python 3.10
-    import sre_parse  # type: ignore[no-redef]
-from collections.abc import AsyncIterator
+if sys.version_info >= (3, 11):
+    from re import _parser as sre_parse  # the parser re uses, for match widths
+else:
+    import sre_parse
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,7 +229,7 @@ class TokenizerManager:
         async for out in self.run(self.prepare(req)):
             yield out
 
-    async def run(self, prepared: Prepared) -> AsyncIterator[GenerateOutput]:
+    async def run(self, prepared: Prepared) -> AsyncGenerator[GenerateOutput, None]:
         """Yield outputs: with `stream`, one per text increment of each sample (cumulative
         text and ids, the output logprobs new since the last event; every `stream_interval`
         tokens; `outputs.StreamShaper` turns them into what the client asked for); else one

@@ -34,7 +34,7 @@ class SamplingBatch:
     def build(
         cls, params: Sequence[SamplingParams], steps: Sequence[int], vocab: int, device: torch.device
     ) -> SamplingBatch:
-        def col(values: list[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        def col(values: Sequence[float], dtype: torch.dtype = torch.float32) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=device)[:, None]
 
         greedy = [p.greedy for p in params]
@@ -79,10 +79,10 @@ class Sampler:
         probs = torch.softmax(logits / batch.temperature, dim=-1)
         return _filter(probs, batch) if batch.needs_filter else probs
 
-    def _exponential_noise(self, shape: tuple[int, int], batch: SamplingBatch) -> torch.Tensor:
+    def _exponential_noise(self, shape: torch.Size, batch: SamplingBatch) -> torch.Tensor:
         return -torch.log(self._uniform(shape, batch).clamp_min_(1e-20))
 
-    def _uniform(self, shape: tuple[int, int], batch: SamplingBatch) -> torch.Tensor:
+    def _uniform(self, shape: torch.Size, batch: SamplingBatch) -> torch.Tensor:
         device = self.generator.device
         u = torch.rand(shape, generator=self.generator, device=device)
         for row, (seed, step) in enumerate(zip(batch.seeds, batch.steps)):

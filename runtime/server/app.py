@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -223,7 +223,7 @@ async def _admitted(state: ServerState, events: AsyncIterator[GenerateOutput]) -
             yield event
 
 
-async def _shaped(events: AsyncIterator[GenerateOutput], shape: StreamShaper) -> AsyncIterator[dict[str, Any]]:
+async def _shaped(events: AsyncIterator[GenerateOutput], shape: StreamShaper) -> AsyncGenerator[dict[str, Any], None]:
     async for event in events:
         yield shape(event)
 

@@ -48,7 +48,7 @@ class Keys:
             tenants += _lines(http.api_key_file)
         admin = os.environ.get(ADMIN_KEY_ENV) or None
         if http.admin_api_key_file:
-            admin = (_lines(http.admin_api_key_file) or [None])[0]
+            admin = next(iter(_lines(http.admin_api_key_file)), None)
         if admin is None and len(tenants) == 1:
             admin = tenants[0]
         pd_secret = require_secret(disagg) if disagg.mode != "null" else None

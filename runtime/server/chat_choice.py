@@ -74,7 +74,7 @@ class AnswerStream:
     def tool_deltas(self) -> list[dict[str, Any]]:
         return self._tools.deltas() if self._tools is not None else []
 
-    def finish(self, reason: str) -> str:
+    def finish(self, reason: str) -> str | None:
         if self._tools is not None and self._tools.calls:
             assert self.shape.tools is not None
             return self.shape.tools.finish(reason, self._tools.calls)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -340,7 +340,7 @@ class _Deltas:
 
 async def _stream_completions(
     state: ServerState, prepared: list[Prepared], meta: _Meta, n: int, k: int | None, include_usage: bool,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     deltas = _Deltas()
     finals: dict[int, GenerateOutput] = {}
     async for i, out in _merged(state, prepared):
@@ -361,7 +361,7 @@ async def _stream_completions(
 async def _stream_chat(
     state: ServerState, prepared: Prepared, meta: _Meta, k: int | None, include_usage: bool,
     shape: AnswerShape,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     splits: dict[int, AnswerStream] = {}
     finals: dict[int, GenerateOutput] = {}
     head = meta.head("chat.completion.chunk")

@@ -122,7 +122,7 @@ class Qwen25Parser(ToolParser):
     end = "</tool_call>"
 
     def calls(self, section: str) -> list[ToolCall]:
-        out = []
+        out: list[ToolCall] = []
         for block in section.split(self.start)[1:]:
             body, closed, _ = block.partition(self.end)
             if not closed and out:
@@ -270,8 +270,10 @@ def _skip(text: str, pos: int) -> int:
     return pos
 
 
-def _literal(node: ast.expr) -> Any:
+def _literal(node: ast.expr | None) -> Any:
     """A Python literal, with JSON's true / false / null read as names."""
+    if node is None:  # the key of a `**mapping` entry in a dict display
+        raise ValueError("malformed node or string: None")
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     if isinstance(node, ast.List):
