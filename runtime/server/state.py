@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import version
 from pathlib import Path
@@ -265,7 +265,7 @@ async def read_body(request: Request, kind: type, http: HttpArgs) -> Any:
     return decode(b"".join(chunks), kind)
 
 
-async def sse(events: AsyncIterator[dict[str, Any]], done: bool = True) -> StreamingResponse:
+async def sse(events: AsyncGenerator[dict[str, Any], None], done: bool = True) -> StreamingResponse:
     """Server-sent events: each item one `data:` line of JSON; `data: [DONE]` at the end.
     The first event is awaited before the response starts, so a request refused before it
     (a constraint that does not compile, a budget below its minimum) is an HTTP error, not a
