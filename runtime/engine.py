@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from concurrent.futures import Future
@@ -14,12 +13,11 @@ from typing import Any, TypeVar
 
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.io.generate_input import split_batch
+from arbor.runtime.io.launch import Launch
 from arbor.runtime.io.outputs import GenerateOutput, StreamShaper
-from arbor.runtime.io.processes import ChildProcesses
 from arbor.runtime.io.tokenizer_manager import Prepared, TokenizerManager
 from arbor.runtime.server.chat import role_markers
 
-logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 Prompt = str | list[str] | None
@@ -27,7 +25,6 @@ InputIds = list[int] | list[list[int]] | None
 Params = dict[str, Any] | list[dict[str, Any]] | None
 OPTIONS = {"logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "require_reasoning"}  # **options
 PROGRESS_MIN_BATCH = 32  # batches at least this large show a progress bar by default
-START_TIMEOUT_S = 600.0
 
 
 class Engine:
@@ -39,36 +36,20 @@ class Engine:
     """
 
     def __init__(self, model_path: str | None = None, **server_args: Any) -> None:
-        from transformers import AutoTokenizer
-
-        from arbor.runtime.model.model_config import ModelConfig
-        from arbor.runtime.tiny_model import builtin_model_path
-
         self.args = ServerArgs.from_flags(model_path=model_path, **server_args)
-        path = model_path or str(builtin_model_path())
-        self.model_path = path
-        ModelConfig.from_dir(path)  # a bad checkpoint fails here, in this process, in one line
-        tok_path = self.args.model.tokenizer_path or path
-        tokenizer = AutoTokenizer.from_pretrained(tok_path, local_files_only=True)
-        self.tokenizer = tokenizer
-        self.children = ChildProcesses(self.args, path, tok_path)
+        self.launch = Launch(self.args)  # a bad checkpoint fails here, in this process, in one line
+        self.model_path, self.tokenizer = self.launch.model_path, self.launch.tokenizer
+        self.children = self.launch.children
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="arbor-engine-loop", daemon=True)
         self._thread.start()
         self._closed = False
-        self.manager: TokenizerManager = self._call(self._make_manager(tokenizer))
-        self.children.start()
-        try:
-            self._call(self.manager.start(START_TIMEOUT_S))
+        try:  # on the loop's thread: the front door's sockets belong to that loop
+            self.manager: TokenizerManager = self._call(self.launch.start())
         except BaseException:
             self.shutdown()
             raise
         atexit.register(self.shutdown)
-
-    async def _make_manager(self, tokenizer: Any) -> TokenizerManager:
-        args = self.args
-        # Built on the loop's thread: its sockets belong to this loop.
-        return TokenizerManager(args.http, args.grammar, args.disagg, tokenizer, self.children)
 
     # ------------------------------------------------------------- generate
 
@@ -186,18 +167,14 @@ class Engine:
         """Stop the child processes (no orphans) and remove the socket directory. Idempotent."""
         if self._closed:
             return
-        manager = getattr(self, "manager", None)
-        if manager is not None:
-            try:
-                self._call(manager.shutdown())
-            except Exception:
-                logger.exception("front door shutdown failed; stopping the processes anyway")
-        self._closed = True
-        self.children.stop()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-        atexit.unregister(self.shutdown)
+        try:
+            self._call(self.launch.stop())
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+            atexit.unregister(self.shutdown)
 
     def __enter__(self) -> Engine:
         return self

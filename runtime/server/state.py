@@ -18,9 +18,9 @@ from fastapi.responses import StreamingResponse
 
 from arbor.runtime.config import HttpArgs, ServerArgs
 from arbor.runtime.io.generate_input import GenerateInput, bootstrap_of
+from arbor.runtime.io.launch import Launch
 from arbor.runtime.io.messages import Bootstrap
 from arbor.runtime.io.outputs import GenerateOutput
-from arbor.runtime.io.processes import ChildProcesses
 from arbor.runtime.io.tokenizer_manager import EngineDead, Prepared, TokenizerManager
 from arbor.runtime.server.auth import OPEN, Caller, Keys
 from arbor.runtime.server.bootstrap_gate import BootstrapGate
@@ -34,7 +34,6 @@ logger = logging.getLogger("arbor.server")
 DISCONNECT_POLL_S = 0.25
 ENGINE_WATCH_S = 0.25
 INLINE_TOKENIZE_CHARS = 16_384  # shorter prompts tokenize on the loop (faster than a thread hop)
-START_TIMEOUT_S = 600.0
 
 
 class ServerState:
@@ -42,24 +41,17 @@ class ServerState:
 
     def __init__(self, args: ServerArgs) -> None:
         """`args` starts the processes; the routes read only `http`, their own section."""
-        from transformers import AutoTokenizer
-
-        from arbor.runtime.model.model_config import ModelConfig
-        from arbor.runtime.tiny_model import builtin_model_path
-
         self.args = args
         self.http = args.http
-        self.model_path = args.model.path or str(builtin_model_path())
-        ModelConfig.from_dir(self.model_path)  # a bad checkpoint fails before any process starts
-        self.tokenizer_path = args.model.tokenizer_path or self.model_path
-        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        self.launch = Launch(args)  # a bad checkpoint fails before any process starts
+        self.model_path, self.tokenizer_path = self.launch.model_path, self.launch.tokenizer_path
+        self.tokenizer = self.launch.tokenizer
         self.model_name = args.http.served_model_name or Path(self.model_path).name
         for directory in (self.model_path, self.tokenizer_path):  # errors name the model, never its directory
             hide(directory, self.model_name)
         self.chat = ChatTokenizer(self.tokenizer)
         self.metrics = Metrics(self.model_name)
         self.usage = TenantUsage()
-        self.children = ChildProcesses(args, self.model_path, self.tokenizer_path)
         self.manager: TokenizerManager | None = None
         self.on_engine_death: Callable[[], None] | None = None
         self.tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="arbor-tokenizer")
@@ -69,14 +61,7 @@ class ServerState:
         self.gate = BootstrapGate(args.disagg)
 
     async def start(self) -> None:
-        self.manager = TokenizerManager(self.http, self.args.grammar, self.args.disagg, self.tokenizer,
-                                        self.children)
-        self.children.start()
-        try:
-            await self.manager.start(START_TIMEOUT_S)
-        except BaseException:
-            await self.stop()
-            raise
+        self.manager = await self.launch.start()
         self._watcher = asyncio.create_task(self._stop_when_engine_dies())
 
     async def _stop_when_engine_dies(self) -> None:
@@ -92,10 +77,7 @@ class ServerState:
     async def stop(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
-        if self.manager is not None:
-            with contextlib.suppress(Exception):
-                await self.manager.shutdown()
-        await asyncio.get_running_loop().run_in_executor(None, self.children.stop)
+        await self.launch.stop()
 
     def front(self) -> TokenizerManager:
         if self.manager is None or self.manager.dead is not None:
