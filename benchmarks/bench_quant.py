@@ -77,6 +77,7 @@ def weight_bytes(path: Path, dtype: torch.dtype) -> dict[str, int]:
     reads the embedding) and of every weight, as Arbor loads them."""
     from torch import nn
 
+    from arbor.runtime.model.layers import LinearLayer
     from arbor.runtime.model.loader import load_model
     from arbor.runtime.model.quant.linear import QuantLinear
 
@@ -84,9 +85,8 @@ def weight_bytes(path: Path, dtype: torch.dtype) -> dict[str, int]:
         return m.weight_bytes() if isinstance(m, QuantLinear) else m.weight.numel() * m.weight.element_size()
 
     model, _ = load_model(path, dtype, torch.device("cpu"))
-    linear = sum(size(m) for name, m in model.named_modules()
-                 if isinstance(m, (QuantLinear, nn.Linear)) and name != "lm_head")
-    head = size(model.lm_head if model.lm_head is not None else model.embed_tokens)
+    linear = sum(size(m) for name, m in model.named_modules() if isinstance(m, LinearLayer) and name != "lm_head")
+    head = size(model.lm_head)
     quant = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
     return {"linear_bytes": linear, "head_bytes": head, "model_bytes": dense + quant}

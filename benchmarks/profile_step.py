@@ -70,11 +70,12 @@ def instrument(sched: Any, clock: Clock) -> None:
     """Wrap the model's parts and the sampler so `clock` sees each one."""
     from torch import nn
 
+    from arbor.runtime.model.layers import ParallelLinear
     from arbor.runtime.model.packed_linear import PackedLinear
 
     model = sched.runner.model
     for module in model.modules():
-        if isinstance(module, (nn.Linear, PackedLinear)):
+        if isinstance(module, (ParallelLinear, nn.Linear, PackedLinear)):
             module.forward = clock.wrap("GEMMs", module.forward)
         if hasattr(module, "kernel"):  # RMSNorm
             module.kernel = clock.wrap("norm/rope/act", module.kernel)

@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import nn
 
+from arbor.runtime.model.causal_lm import CausalLM
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
-from arbor.runtime.model.models import model_class
 from arbor.runtime.model.parallel import SINGLE, TensorParallel
 from arbor.runtime.model.quant.apply import quantize_linears
+from arbor.runtime.model.registry import model_class
 from arbor.runtime.model.weights import open_weights
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel = SINGLE,
-               load_format: str = "auto") -> tuple[nn.Module, ModelConfig]:
+               load_format: str = "auto") -> tuple[CausalLM, ModelConfig]:
     """Build the model for `path/config.json` (this rank's share of it under tensor
     parallelism) and fill it from its weights in `load_format`, reading only that share."""
     cfg = ModelConfig.from_dir(path)
@@ -26,11 +26,11 @@ def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, tp: T
     torch.set_default_dtype(dtype)  # parameters are born in `dtype`, never converted
     try:
         with torch.device("meta"):
-            model = model_class(cfg)(cfg, tp)
+            model = model_class(cfg.architecture)(cfg, tp)
     finally:
         torch.set_default_dtype(previous)
     if cfg.quant is not None:
-        quantize_linears(model, cfg.quant, model.linear_parts)
+        quantize_linears(model, cfg.quant)
     model = model.to_empty(device=device)
     model.load_weights(weights.tensors(device, model.shard))
     return model.eval(), cfg

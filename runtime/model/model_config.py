@@ -10,23 +10,18 @@ from typing import Any
 from arbor.runtime.model.errors import CheckpointError
 from arbor.runtime.model.quant.config import QuantConfig
 from arbor.runtime.model.quant.config import parse as parse_quant_config
+from arbor.runtime.model.registry import ARCHITECTURES
 
 __all__ = ["CheckpointError", "ModelConfig"]
 
-# architectures[0] -> our model family; one implementation covers the whole Llama family.
-SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "llama",
-    "Qwen3ForCausalLM": "llama",
-}
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # the hidden_act values layers/mlp.py runs
 _QK_NORM_ARCHS = {"Qwen3ForCausalLM"}
 _QKV_BIAS_ARCHS = {"Qwen2ForCausalLM"}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shapes and options of a Llama-family decoder."""
+    """Shapes and options of a decoder (registry.py: which architectures Arbor serves)."""
 
     architecture: str
     vocab_size: int
@@ -45,11 +40,7 @@ class ModelConfig:
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
     quant: QuantConfig | None = None  # the checkpoint's quantization_config, parsed
-
-    @property
-    def family(self) -> str:
-        """Which implementation in runtime/model/models serves this architecture."""
-        return SUPPORTED_ARCHITECTURES[self.architecture]
+    hidden_act: str = "silu"  # the MLP's activation
 
     def kv_bytes_per_token(self, element_size: int) -> int:
         """Bytes of K and V cache one token takes across all layers."""
@@ -60,13 +51,14 @@ class ModelConfig:
         """Read and validate `path/config.json` (and generation_config.json for EOS ids)."""
         raw = _read_json(Path(path) / "config.json", required=True)
         arch = (raw.get("architectures") or [None])[0]
-        if arch not in SUPPORTED_ARCHITECTURES:
+        if arch not in ARCHITECTURES:
             raise CheckpointError(
                 f"{path}: unsupported architecture {arch!r}; Arbor serves "
-                f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}"
+                f"{', '.join(sorted(ARCHITECTURES))}"
             )
-        if raw.get("hidden_act", "silu") != "silu":
-            raise CheckpointError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (silu only)")
+        act = raw.get("hidden_act", "silu")
+        if act not in ACTIVATIONS:
+            raise CheckpointError(f"{path}: hidden_act {act!r} is not supported ({', '.join(ACTIVATIONS)})")
         try:
             heads = int(raw["num_attention_heads"])
             hidden = int(raw["hidden_size"])
@@ -95,6 +87,7 @@ class ModelConfig:
                 qk_norm=arch in _QK_NORM_ARCHS,
                 eos_token_ids=_eos_ids(raw, Path(path)),
                 quant=parse_quant_config(raw, str(path)),
+                hidden_act=act,
             )
         except CheckpointError:
             raise

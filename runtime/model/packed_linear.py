@@ -9,12 +9,11 @@ LM head at 64 rows: 3.3 -> 1.8 ms) and gives the same bits (tests/runtime/test_p
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from arbor.runtime.model.layers import ParallelLinear, TiedLMHead
+from arbor.runtime.model.layers.linear import pack_weight, packed_matmul
 
 
 class PackedLinear(nn.Module):
@@ -23,11 +22,11 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        self.packed = pack_weight(weight)
         self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        return packed_matmul(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed"
@@ -39,14 +38,15 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Swap every nn.Linear of `model` for a PackedLinear (dropping the plain weight); the
-    number swapped. A model whose LM head is tied to the embedding gets `packed_head`, a
-    packed copy (the embedding keeps its plain weight for lookups)."""
+    """Pack every linear layer of `model`, the LM head included; the number packed. Arbor's
+    layers pack their own weight (a head tied to the embedding packs a copy: the embedding
+    keeps its plain weight for lookups); a plain nn.Linear (a draft's FrequentTokenHead) is
+    swapped for a PackedLinear."""
+    layers = [m for m in model.modules() if isinstance(m, (ParallelLinear, TiedLMHead))]
+    for layer in layers:
+        layer.pack()
     swaps = [(parent, name, child) for parent in model.modules()
              for name, child in parent.named_children() if isinstance(child, nn.Linear)]
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child.weight, child.bias))
-    embed = getattr(model, "embed_tokens", None)
-    if hasattr(model, "packed_head") and getattr(model, "lm_head", None) is None and embed is not None:
-        model.packed_head = PackedLinear(embed.weight, None)
-    return len(swaps)
+    return len(layers) + len(swaps)

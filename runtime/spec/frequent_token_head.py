@@ -16,6 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from arbor.runtime.model.causal_lm import CausalLM
+from arbor.runtime.model.layers import ParallelLMHead, TiedLMHead
+
 
 class FrequentTokenHead(nn.Module):
     """Logits [N, hot tokens]: the hot rows of the full head's weight, in `hot`'s order (a
@@ -48,9 +51,12 @@ def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
     return ids
 
 
-def use_frequent_token_head(model: nn.Module, hot: torch.Tensor) -> torch.Tensor:
+def use_frequent_token_head(model: CausalLM, hot: torch.Tensor) -> torch.Tensor:
     """Give `model` a FrequentTokenHead in place of its LM head (tied or not; call before packing);
     returns the token id of each of its logits' columns."""
-    head = model.lm_head if model.lm_head is not None else model.embed_tokens
-    model.lm_head = FrequentTokenHead(head.weight, hot)
-    return model.lm_head.hot
+    dense = model.lm_head
+    if not isinstance(dense, (ParallelLMHead, TiedLMHead)):
+        raise ValueError(f"a frequent-token head replaces a dense LM head, not a {type(dense).__name__}")
+    head = FrequentTokenHead(dense.weight, hot)
+    model.lm_head = head
+    return head.hot

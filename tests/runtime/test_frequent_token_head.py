@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
+from arbor.runtime.model.loader import load_model
 from arbor.runtime.spec.frequent_token_head import (
     FrequentTokenHead,
     full_vocab,
@@ -34,9 +34,8 @@ def test_frequent_token_head_matches_the_full_head_on_hot_tokens() -> None:
     assert torch.equal(hot[out.argmax(-1)], spread.argmax(-1))
 
 
-def test_use_frequent_token_head_replaces_a_tied_head() -> None:
-    model = nn.Module()
-    model.embed_tokens, model.lm_head = nn.Embedding(20, 4), None
+def test_use_frequent_token_head_replaces_a_tied_head(tiny_model) -> None:
+    model, _ = load_model(tiny_model("llama-tied-gqa4"), torch.float32, torch.device("cpu"))
     assert use_frequent_token_head(model, torch.tensor([3, 5])).tolist() == [3, 5]
     assert isinstance(model.lm_head, FrequentTokenHead)
     assert torch.equal(model.lm_head.proj.weight, model.embed_tokens.weight[[3, 5]])

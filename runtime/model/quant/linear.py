@@ -27,6 +27,8 @@ from torch import nn
 from arbor.kernels import cpu_ops
 from arbor.kernels.reference import woq_dequantize_ref
 from arbor.runtime.model.errors import CheckpointError
+from arbor.runtime.model.layers.linear import LinearLayer
+from arbor.runtime.model.layers.weight_layer import ShardId, copy_checked
 from arbor.runtime.model.quant.config import WeightScheme
 from arbor.runtime.model.quant.formats import FloatWeight, IntWeight, concat, decode
 
@@ -76,32 +78,49 @@ class QuantWeight:
             return w
         return torch.empty_like(w).index_copy_(1, self.perm, w)
 
-class QuantLinear(nn.Module):
+class QuantLinear(LinearLayer):
     """A linear layer whose weight arrives quantized, possibly in parts (fused q/k/v or
-    gate/up): `stage` each checkpoint tensor while loading, then `build` once."""
+    gate/up): `weight_loader` stages each checkpoint tensor (its bias loads at once), and
+    `finish_loading` decodes the parts into one weight. One rank only (no tensor parallelism)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, scheme: WeightScheme,
-                 parts: list[tuple[int, int]]) -> None:
+                 parts: list[tuple[ShardId, int, int]]) -> None:
         super().__init__()
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
-        self.parts = parts  # (first row, rows) of each checkpoint layer fused into this one
+        self.parts = parts  # (shard id, first row, rows) of each checkpoint layer fused into this one
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.staged: dict[int, dict[str, torch.Tensor]] = {}
+        self.staged: dict[ShardId, dict[str, torch.Tensor]] = {}
         self.weight: QuantWeight | None = None
         self.ops = None
-        self.kernel_rows = SMALL_BATCH  # rows of x up to which woq_linear serves (set by `build`)
+        self.kernel_rows = SMALL_BATCH  # rows of x up to which woq_linear serves (set by `finish_loading`)
         self.direct = False  # woq_linear takes x as it comes: no activation rounding, no act-order
 
-    def stage(self, row: int, key: str, tensor: torch.Tensor) -> None:
-        self.staged.setdefault(row, {})[key] = tensor
+    def output_shards(self) -> list[tuple[ShardId, int, int]]:
+        return self.parts
 
-    def build(self, where: str) -> None:
+    def weight_loader(self, param: str, tensor: torch.Tensor, shard_id: ShardId = None) -> None:
+        """Stage a quantized tensor of part `shard_id` (codes, scales, zero points...); copy a bias."""
+        part = next((p for p in self.parts if p[0] == shard_id), None)
+        if part is None:
+            raise CheckpointError(f"QuantLinear fuses no part {shard_id!r}")
+        if param != "bias":
+            self.staged.setdefault(shard_id, {})[param] = tensor
+        elif self.bias is not None:
+            _, lo, rows = part
+            copy_checked(self.bias.data[lo:lo + rows], tensor)
+        elif tensor.any():  # GPTQ writers give every quantized layer a bias, zero where the model has none
+            raise CheckpointError("has no place in QuantLinear (a nonzero bias for a layer without one)")
+
+    def expected_weights(self) -> set[tuple[str, ShardId]]:
+        return {("bias", shard_id) for shard_id, _, _ in self.parts} if self.bias is not None else set()
+
+    def finish_loading(self, where: str) -> None:
         """Decode the staged parts and fuse them into one QuantWeight."""
-        missing = [lo for lo, _ in self.parts if lo not in self.staged]
+        missing = [lo for shard_id, lo, _ in self.parts if shard_id not in self.staged]
         if missing:
             raise CheckpointError(f"{where}: the checkpoint lacks quantized weights for rows {missing[0]}...")
-        self.weight = QuantWeight.of(concat([decode(self.scheme, self.staged[lo], (rows, self.in_features),
-                                                    f"{where}[{lo}:]") for lo, rows in self.parts]))
+        self.weight = QuantWeight.of(concat([decode(self.scheme, self.staged[shard_id], (rows, self.in_features),
+                                                    f"{where}[{lo}:]") for shard_id, lo, rows in self.parts]))
         self.staged.clear()
         self.ops = cpu_ops.load() if self.weight.codes.device.type == "cpu" else None
         if self.weight.codes.shape[0] * self.weight.cols >= LARGE_WEIGHT:

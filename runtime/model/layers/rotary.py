@@ -1,4 +1,4 @@
-"""Building blocks of Llama-family decoders: RMSNorm, rotary embedding, gated MLP."""
+"""Rotary position embedding (RoPE), with linear and Llama-3 frequency scaling."""
 
 from __future__ import annotations
 
@@ -8,41 +8,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from arbor.kernels.reference import rmsnorm_ref, rotary_ref, silu_and_mul_ref
+from arbor.kernels.reference import rotary_ref
 
 
-class RMSNorm(nn.Module):
-    """RMSNorm computed in float32; with `residual`, adds it first and returns both."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-        self.kernel = rmsnorm_ref
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return self.kernel(x, self.weight, self.eps, residual)
-
-
-class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), with gate and up fused into one matmul."""
-
-    def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.act = silu_and_mul_ref
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
-
-
-class RotaryEmbedding:
-    """Rotate-half RoPE over a cos/sin table built once per device (float32, like HF)."""
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE over a cos/sin table built once per device (float32, like HF); one
+    instance is shared by every attention layer. `kernel` is the op it runs: the torch
+    reference until kernel selection routes it to a fused kernel. No parameters."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
+        super().__init__()
         self.head_dim = head_dim
         self.max_positions = max_positions
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
@@ -57,7 +32,7 @@ class RotaryEmbedding:
             self._tables[device] = (emb.cos().to(device), emb.sin().to(device))
         return self._tables[device]
 
-    def __call__(
+    def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T] int. Rotates in place."""
