@@ -1,19 +1,29 @@
 """The code in docs/contributing.md runs, and does what the page says: the prefix-cache
 example passes every prefix-cache contract test; the weight-format example passes every
-weight-source contract test and loads the tiny checkpoint into the model safetensors gives."""
+weight-source contract test and loads the tiny checkpoint into the model safetensors gives;
+the model-architecture example (Gemma), registered as the page says, passes every CausalLM
+contract test and gives transformers' logits."""
 
 from __future__ import annotations
 
 import inspect
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
+from arbor.runtime.config import ServerArgs
+from arbor.runtime.kv.pool import reserve_positions
+from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.loader import load_model
+from arbor.runtime.model.registry import ARCHITECTURES
+from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.model.weights import WEIGHT_SOURCES
 from tests.radix import test_prefix_cache_contract as contract
+from tests.runtime import test_model_contract as model_contract
 from tests.runtime import test_weight_source_contract as weight_contract
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "contributing.md"
@@ -71,3 +81,65 @@ def test_the_weight_format_example_loads_the_model_safetensors_gives(
     theirs = dict(want.named_parameters())
     assert [name for name, _ in got.named_parameters()] == list(theirs)
     assert all(torch.equal(p, theirs[name]) for name, p in got.named_parameters())
+
+
+def _register_model_example(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """The example as runtime/model/models/gemma.py, registered (as step 2 says) for this test only."""
+    module = types.ModuleType("arbor.runtime.model.models.gemma")
+    exec(compile(_section_code("Add a model architecture"), str(DOC), "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(ARCHITECTURES, "GemmaForCausalLM", ("gemma", "GemmaForCausalLM"))
+    return module
+
+
+def _tiny_gemma(path: Path) -> Path:
+    """A random Gemma written by transformers: weights drawn wide enough that logits are not
+    near zero, norm gains away from 1 so that a mis-loaded norm changes them."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    config = GemmaConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = GemmaForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0.0, 0.2 if "norm" in name else 0.05)
+    model.save_pretrained(path)
+    return path
+
+
+def test_the_model_example_is_about_a_hundred_lines():
+    assert 60 <= len(_section_code("Add a model architecture").splitlines()) <= 120
+
+
+def test_the_model_example_keeps_the_contract(monkeypatch, tmp_path):
+    _register_model_example(monkeypatch)
+    path = _tiny_gemma(tmp_path / "gemma")
+    checks = [f for name, f in vars(model_contract).items() if name.startswith("test_")
+              and list(inspect.signature(f).parameters) == ["checkpoint"]]
+    assert len(checks) >= 5
+    for check in checks:
+        check(path)
+
+
+def test_the_model_example_gives_transformers_logits(monkeypatch, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    example = _register_model_example(monkeypatch)
+    path = _tiny_gemma(tmp_path / "gemma")
+    runner = ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=1024), str(path))
+    assert isinstance(runner.model, example.GemmaForCausalLM)
+    prompts = [[5, 17, 99, 3, 250, 8, 8, 41], [7] * 3, list(range(30, 90))]
+    rows = [runner.req_to_token.alloc() for _ in prompts]
+    ends = [len(p) for p in prompts]
+    loc = reserve_positions(runner.req_to_token, runner.allocator, rows, [0] * len(prompts), ends)
+    batch = ForwardBatch.build(ForwardMode.EXTEND, prompts, [0] * len(prompts), rows, loc,
+                               runner.req_to_token.table, return_all_logits=True)
+    ours = runner.forward(batch).all_logits
+    assert ours is not None
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for prompt, got in zip(prompts, ours.split(ends)):
+            want = hf(torch.tensor([prompt])).logits[0]
+            assert want.abs().max() > 0.5  # not a comparison of near-zero logits
+            assert (got - want).abs().max().item() < 1e-4
