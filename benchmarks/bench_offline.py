@@ -210,7 +210,7 @@ def run_overhead(path: Path, dtype: str, batch: int, steps: int) -> dict[str, An
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(32, 512))]
         sched.add(TokenizedGenerateReq(rid=str(i), input_ids=pack_ids(prompt),
                                        sampling=SamplingParams(max_new_tokens=steps + 10, temperature=0, ignore_eos=True)))
-    while sched.waiting or sched.chunked:
+    while sched.waiting or sched.admission.chunked:
         sched.step()
     assert len(sched.running) == batch
     totals, rest = [], []

@@ -37,6 +37,7 @@ from arbor.runtime.io.messages import FinishAbort
 from arbor.runtime.kv.manager import KVManager
 from arbor.runtime.kv.pool import KVPool
 from arbor.runtime.scheduler.req import Req
+from arbor.runtime.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 MAX_PEER_SOCKETS = 64  # prefill peers with an open socket; the least recently used closes beyond (its pulls time out)
@@ -59,7 +60,7 @@ class _Pulled:
 class DecodeReceiver(NullRole):
     """Requests waiting for slots (`queue`) and for their KV (`pulled`, by room)."""
 
-    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float],
+    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, stats: SchedulerStats,
                  secret: str) -> None:
         self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "decode", args.host,
                                       args.disaggregation_ib_device)
@@ -68,7 +69,7 @@ class DecodeReceiver(NullRole):
         self.ctx = zmq.Context()
         self.timeout = args.disaggregation_timeout_s
         self.staging_budget = args.disaggregation_staging_mb << 20
-        self.counters = counters
+        self.stats = stats
         self.queue: list[tuple[Req, float]] = []  # (request, when it came)
         self.pulled: dict[int, _Pulled] = {}
         self.socks = PeerSockets(self.ctx, MAX_PEER_SOCKETS)
@@ -130,8 +131,8 @@ class DecodeReceiver(NullRole):
             self.queue.pop(0)
             capacity -= 1
             req.admitted = True
-            self.counters["prompt_tokens"] += len(req.origin_ids)
-            self.counters["cached_tokens"] += req.cached_tokens
+            self.stats.prompt_tokens += len(req.origin_ids)
+            self.stats.cached_tokens += req.cached_tokens
             try:
                 self._pull(req, now)
             except Exception as exc:  # staging memory, a peer address ZMQ refuses: this request only
@@ -201,13 +202,13 @@ class DecodeReceiver(NullRole):
         if msg is not None and p is None and msg.room in self.finished:
             return  # a late answer for a room that ended here
         if msg is None or p is None or p.peer != peer:
-            reject(self.counters, "a KV reply not signed with the PD secret, or from a peer that was not pulled")
+            reject(self.stats, "a KV reply not signed with the PD secret, or from a peer that was not pulled")
             return
         room = msg.room
         self._drop(room)
         if p.ended:
             return
-        self.counters["kv_transfer_failures"] += 1
+        self.stats.kv_transfer_failures += 1
         self.kv.release(p.req)
         why = msg.message if isinstance(msg, KVFailed) else "it cancelled the transfer"
         ended.append(_abort(p.req, f"the prefill worker could not send the KV: {why}", 502))
@@ -217,7 +218,7 @@ class DecodeReceiver(NullRole):
         msg = self.codec.done(raw)
         p = self.pulled.get(msg.room) if msg is not None else None
         if msg is None or p is None or msg.agent != agent or not hmac.compare_digest(msg.nonce, p.nonce):
-            reject(self.counters, "a KV notification not signed with the PD secret, from another agent, or "
+            reject(self.stats, "a KV notification not signed with the PD secret, from another agent, or "
                                   "without its pull's nonce")
             return
         room = msg.room
@@ -235,9 +236,9 @@ class DecodeReceiver(NullRole):
         del self.pulled[room]
         self._finished(room)
         self.transfer.unstage(p.staging, slots)
-        self.counters["kv_transfers"] += 1
-        self.counters["kv_transfer_bytes"] += p.nbytes
-        self.counters["kv_transfer_seconds"] += time.monotonic() - p.since
+        self.stats.kv_transfers += 1
+        self.stats.kv_transfer_bytes += p.nbytes
+        self.stats.kv_transfer_seconds += time.monotonic() - p.since
         req.kv_len = req.seq_len
         self.kv.cache_prefix(req)  # the prompt is now this worker's: later turns hit it here
         arrived.append((req, msg))

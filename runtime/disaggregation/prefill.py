@@ -29,6 +29,7 @@ from arbor.runtime.io.messages import FinishAbort, FinishLength
 from arbor.runtime.kv.manager import KVManager
 from arbor.runtime.kv.pool import KVPool
 from arbor.runtime.scheduler.req import Req
+from arbor.runtime.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 REMEMBERED_ROOMS = 4096  # ended rooms kept to answer a late pull or cancel
@@ -51,7 +52,7 @@ class PrefillSender(NullRole):
     Every message there must be signed with the PD secret and well formed; any other is
     dropped and counted (`bootstrap_rejected`), and never ends the worker."""
 
-    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float],
+    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, stats: SchedulerStats,
                  secret: str) -> None:
         self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "prefill", args.host,
                                       args.disaggregation_ib_device)
@@ -63,7 +64,7 @@ class PrefillSender(NullRole):
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + MAC_BYTES)  # a bigger frame drops its peer
         self.sock.bind(f"tcp://{args.host}:{args.disaggregation_bootstrap_port}")
         self.timeout = args.disaggregation_timeout_s
-        self.counters = counters
+        self.stats = stats
         self.held: dict[int, _Held] = {}
         self.pulls: dict[int, tuple[bytes, KVPull]] = {}  # pulls that came before their request finished
         self.gone: OrderedDict[int, str] = OrderedDict()  # room -> why it ended without a transfer
@@ -118,7 +119,7 @@ class PrefillSender(NullRole):
                 return
             msg = self.codec.to_prefill(frames)
             if msg is None:
-                reject(self.counters, "a bootstrap message that was not signed with the PD secret or was malformed")
+                reject(self.stats, "a bootstrap message that was not signed with the PD secret or was malformed")
                 continue
             held = self.held.get(msg.room)
             if isinstance(msg, KVCancel):
@@ -174,9 +175,9 @@ class PrefillSender(NullRole):
 
     def _done(self, h: _Held) -> Req:
         del self.held[h.req.bootstrap.room]
-        self.counters["kv_transfers"] += 1
-        self.counters["kv_transfer_bytes"] += h.nbytes
-        self.counters["kv_transfer_seconds"] += time.monotonic() - h.started
+        self.stats.kv_transfers += 1
+        self.stats.kv_transfer_bytes += h.nbytes
+        self.stats.kv_transfer_seconds += time.monotonic() - h.started
         self.kv.release(h.req)
         return h.req
 
@@ -184,7 +185,7 @@ class PrefillSender(NullRole):
         room = h.req.bootstrap.room
         del self.held[room]
         self._forget(room, message)
-        self.counters["kv_transfer_failures"] += 1
+        self.stats.kv_transfer_failures += 1
         h.req.finish_reason = FinishAbort(message=message, status_code=status)
         self.kv.release(h.req)
         return h.req

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import msgspec
 
 from arbor.runtime.disaggregation.secret import Sealer
+from arbor.runtime.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 Room = Annotated[int, msgspec.Meta(ge=0)]  # msgpack ints stop at 2**64
@@ -141,9 +142,9 @@ class BootstrapCodec:
             return None
 
 
-def reject(counters: dict[str, float], what: str) -> None:
+def reject(stats: SchedulerStats, what: str) -> None:
     """Count a dropped message (`bootstrap_rejected`); warn on the first only, so a flood of
     them cannot flood the log."""
-    if not counters["bootstrap_rejected"]:
+    if not stats.bootstrap_rejected:
         logger.warning("dropped %s (counted in arbor_bootstrap_rejected; further ones are not logged)", what)
-    counters["bootstrap_rejected"] += 1
+    stats.bootstrap_rejected += 1

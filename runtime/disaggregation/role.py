@@ -12,6 +12,7 @@ from arbor.runtime.disaggregation.secret import require_secret
 from arbor.runtime.kv.manager import KVManager
 from arbor.runtime.kv.pool import KVPool
 from arbor.runtime.scheduler.req import Req
+from arbor.runtime.scheduler.stats import SchedulerStats
 
 
 class Role(Protocol):
@@ -89,7 +90,7 @@ class NullRole:
         return None
 
 
-def make_role(args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str, float]) -> Role:
+def make_role(args: ServerArgs, kv: KVManager, pool: KVPool, stats: SchedulerStats) -> Role:
     """The side `--disaggregation-mode` names; a NullRole for a worker that does both."""
     if args.disaggregation_mode == "null":
         return NullRole()
@@ -97,7 +98,7 @@ def make_role(args: ServerArgs, kv: KVManager, pool: KVPool, counters: dict[str,
     if args.disaggregation_mode == "prefill":
         from arbor.runtime.disaggregation.prefill import PrefillSender
 
-        return PrefillSender(args, kv, pool, counters, secret)
+        return PrefillSender(args, kv, pool, stats, secret)
     from arbor.runtime.disaggregation.decode import DecodeReceiver
 
-    return DecodeReceiver(args, kv, pool, counters, secret)
+    return DecodeReceiver(args, kv, pool, stats, secret)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from array import array
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -81,14 +82,14 @@ class KVManager:
         self.attached.add(req)
         return True
 
-    def reserve(self, reqs: list[Req], ends: list[int]) -> torch.Tensor | None:
+    def reserve(self, reqs: Sequence[Req], ends: Sequence[int]) -> torch.Tensor | None:
         """Slots for positions [kv_len, end) of each request (evicting as needed), or None."""
         p = self.page  # pages_for, inlined: this runs for every running request each step
         need = p * sum(-(-e // p) + (r.mapped_len // -p) for r, e in zip(reqs, ends))
         if not self.make_room(need):
             return None
         starts = [r.kv_len for r in reqs]
-        loc = reserve_positions(self.req_to_token, self.allocator, [r.row for r in reqs], starts, ends)
+        loc = reserve_positions(self.req_to_token, self.allocator, [r.row for r in reqs], starts, list(ends))
         assert loc is not None, "make_room freed enough pages"
         for r, e in zip(reqs, ends):
             r.mapped_len = max(r.mapped_len, _ceil(e, self.page))

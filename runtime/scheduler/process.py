@@ -1,4 +1,11 @@
-"""The scheduler process: receive requests, step the Scheduler, send token outputs."""
+"""The scheduler process: receive requests, step the Scheduler, send token outputs.
+
+The loop drains the inbox (new requests, aborts, cache flushes, stats requests), then runs one
+`Scheduler.step()` while there is work: a planned prefill, mixed or decode step (speculative
+when a proposer is configured), after moving on compiled grammars and, on a disaggregated
+worker, KV transfers. Idle, it blocks on the inbox and its role's sockets; with only grammars
+compiling it polls. It checks the KV slot invariant each time the work runs out.
+"""
 
 from __future__ import annotations
 
@@ -141,18 +148,19 @@ def _wait(inbox: Puller, parent: int, others: list[zmq.Socket], heartbeat: Heart
 
 
 def _stats(sched: Scheduler) -> dict[str, float]:
-    values = {k: float(v) for k, v in sched.counters.items()}
+    """The scheduler's totals and gauges, by the names /metrics and the stats message use."""
+    stats = sched.stats
+    values = stats.as_floats()
     values.update(
         running=len(sched.running), waiting=len(sched.waiting) + sched.awaiting_kv,
         free_slots=sched.kv.allocator.available(), total_slots=sched.kv.allocator.total_slots,
-        new_token_ratio=sched.new_token_ratio, invariant_ok=float(sched.check_invariant() is None)
+        new_token_ratio=sched.admission.new_token_ratio, invariant_ok=float(sched.check_invariant() is None)
         if not sched.has_work else 1.0,
     )
-    prompt = sched.counters["prompt_tokens"]
     # Admitted requests only (the tree's own lookups, e.g. LPM ordering, are not user traffic).
-    values["cache_hit_rate"] = sched.counters["cached_tokens"] / prompt if prompt else 0.0
-    spec = sched.counters["spec_request_steps"]
-    values["spec_accept_length"] = 1 + sched.counters["spec_accepted_tokens"] / spec if spec else 0.0
+    values["cache_hit_rate"] = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+    spec = stats.spec_request_steps
+    values["spec_accept_length"] = 1 + stats.spec_accepted_tokens / spec if spec else 0.0
     values["cache_tokens"] = sched.kv.cache.total_size()
     if sched.runner.tp.size > 1:
         values["tp_collective_s"] = sched.runner.tp.collective_s

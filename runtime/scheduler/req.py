@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from arbor.radix.node import TreeNode
 from arbor.runtime.io.messages import Bootstrap, FinishReason, OutputOptions
 from arbor.runtime.sampling.params import SamplingParams
+
+
+class ReqStatus(Enum):
+    """Where a request stands. The scheduler sets it at each transition; which queue holds the
+    request follows from it (COMPILING: `compiling`, WAITING: `waiting`, RUNNING: `running`).
+    PREFILLING and RUNNING requests hold KV (a slot-table row); the others hold none in the
+    scheduler's name (a disaggregated side holds a TRANSFERRING request's KV itself)."""
+
+    COMPILING = "compiling"  # its grammar is being compiled
+    WAITING = "waiting"  # queued for prefill (new, put back, or retracted)
+    PREFILLING = "prefilling"  # admitted: its prompt is being prefilled, maybe chunk by chunk
+    RUNNING = "running"  # decoding
+    TRANSFERRING = "transferring"  # disaggregated: its KV travels between prefill and decode workers
+    FINISHED = "finished"  # ended; its final output is built
 
 
 @dataclass(eq=False)
@@ -36,6 +51,7 @@ class Req:
     input_logprobs: list[float] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     arrival: int = 0  # admission order, for FCFS and anti-starvation
+    status: ReqStatus = ReqStatus.WAITING
     # KV state while running
     row: int = -1
     last_node: TreeNode | None = None

@@ -1,8 +1,13 @@
-"""Scheduler: continuous batching over the radix cache. One `step()` = pick, forward, process.
+"""Scheduler: continuous batching over the radix cache. One `step()` = plan, run, process.
 
-A step runs a prefill batch when the policy and the KV budget admit one (but never two
-chunks of a long prompt in a row while others decode), else one decode step of every
-running request. The process loop around it lives in `runtime/scheduler/process.py`.
+Each step, `Admission` plans what runs (a `StepPlan`): prompt chunks of the waiting requests
+that the policy and the KV budget admit, in one forward with a decode step of every running
+request (mixed chunks, on by default; `--disable-mixed-chunk` gives prompts steps of their own
+and puts a decode step between two chunks of a long prompt), or a decode step alone. With
+speculation on, a decode step first tries `SpecDecoder` (guesses verified in one forward). On
+a disaggregated worker (`--disaggregation-mode`) the `Role` moves KV: a prefill worker ends a
+request at its first token and sends its KV, a decode worker receives it and decodes. The
+process loop around the step lives in `runtime/scheduler/process.py`.
 """
 
 from __future__ import annotations
@@ -28,28 +33,31 @@ from arbor.runtime.io.messages import (
     unpack_ids,
 )
 from arbor.runtime.kv.manager import KVManager, make_prefix_cache
-from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.forward_batch import ForwardBatch
 from arbor.runtime.model.parallel import SINGLE, TensorParallel
 from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.sampling.logits import prepare_logits, prompt_logprobs, token_logprobs
 from arbor.runtime.sampling.sampler import Sampler
 from arbor.runtime.scheduler.admission import Admission
+from arbor.runtime.scheduler.batch import build_batch
 from arbor.runtime.scheduler.grammar_manager import GrammarManager
-from arbor.runtime.scheduler.req import Req
+from arbor.runtime.scheduler.req import Req, ReqStatus
+from arbor.runtime.scheduler.stats import SchedulerStats
+from arbor.runtime.scheduler.step_plan import OnNoKV, StepMode, StepPlan, decode_plan
 from arbor.runtime.scheduler.tensor_parallel import TpLeader
-from arbor.runtime.spec.decoder import SpeculativeStep
+from arbor.runtime.spec.decoder import SpecDecoder, TokenLogprobs
 from arbor.runtime.spec.proposer import make_proposer
 
 logger = logging.getLogger(__name__)
 
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = 0.1
-NEW_TOKEN_RATIO_DECAY = 0.001
+HOLDS_KV = (ReqStatus.PREFILLING, ReqStatus.RUNNING)  # statuses whose KV the scheduler frees
 
 
-class Scheduler(Admission, SpeculativeStep):
-    """Owns the ModelRunner, the KV bookkeeping and the waiting / running queues. Choosing a
-    prefill batch lives in `admission.py`, a speculative decode step in `spec_step.py`."""
+class Scheduler:
+    """Owns the ModelRunner, the KV bookkeeping and the request queues (by status: `compiling`,
+    `waiting`, `running`; the prompt being chunked is the admission's). Executes the plans
+    `Admission` makes, with `SpecDecoder` for speculative decode steps and a `Role` for
+    disaggregation."""
 
     def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str | None = None,
                  tp: TensorParallel = SINGLE, leader: TpLeader | None = None) -> None:
@@ -64,22 +72,17 @@ class Scheduler(Admission, SpeculativeStep):
                             make_prefix_cache(args.page_size, args.disable_radix_cache))
         self.sampler = Sampler(args.random_seed, self.runner.device)
         self.eos_ids = list(self.runner.config.eos_token_ids)
+        self.stats = SchedulerStats()
+        self.admission = Admission(args.scheduler, self.kv, self.runner.context_len, self.stats)
         self.waiting: list[Req] = []
         self.grammar: GrammarManager | None = None  # started by the first constrained request
         self.compiling: list[Req] = []  # constrained requests whose grammar is not ready yet
         self.running: list[Req] = []  # decoding
-        self.chunked: Req | None = None  # mid-prefill of a long prompt
-        self.last_was_chunk = False
-        self.admit_one = False  # after a prefill could not reserve its KV: admit one request only
-        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._arrivals = 0
-        self.proposer = make_proposer(args, self.runner)
-        self.counters = {"prefill_steps": 0, "decode_steps": 0, "retractions": 0, "prompt_tokens": 0,
-                         "cached_tokens": 0, "generated_tokens": 0, "forced_tokens": 0, "failed_batches": 0,
-                         "spec_verify_steps": 0, "spec_request_steps": 0, "spec_draft_tokens": 0,
-                         "spec_accepted_tokens": 0, "kv_transfers": 0, "kv_transfer_bytes": 0,
-                         "kv_transfer_seconds": 0.0, "kv_transfer_failures": 0, "bootstrap_rejected": 0}
-        self.pd = make_role(args, self.kv, self.runner.kv_pool, self.counters)  # disaggregated: its side
+        proposer = make_proposer(args, self.runner)
+        self.spec = None if proposer is None else SpecDecoder(
+            proposer, self.runner, self.kv, self.sampler, self.eos_ids, args.speculative_max_batch, self.stats, self)
+        self.pd = make_role(args, self.kv, self.runner.kv_pool, self.stats)  # disaggregated: its side
 
     # -------------------------------------------------------------- intake
 
@@ -104,6 +107,7 @@ class Scheduler(Admission, SpeculativeStep):
                       cache_salt=msg.cache_salt, output=msg.output, arrival=self._arrivals,
                       constraint=msg.constraint, grammar_future=future, bootstrap=boot, reasoning=msg.reasoning)
             if future is not None:
+                req.status = ReqStatus.COMPILING
                 self.compiling.append(req)
             else:
                 self._enqueue(req)
@@ -111,7 +115,10 @@ class Scheduler(Admission, SpeculativeStep):
 
     def _enqueue(self, req: Req) -> None:
         """Queue a request to prefill here, or (decode worker) to receive its prompt's KV."""
-        if not self.pd.takes(req):
+        if self.pd.takes(req):
+            req.status = ReqStatus.TRANSFERRING
+        else:
+            req.status = ReqStatus.WAITING
             self.waiting.append(req)
 
     def _grammar(self) -> GrammarManager:
@@ -131,11 +138,11 @@ class Scheduler(Admission, SpeculativeStep):
             if future.exception() is not None:
                 exc = future.exception()
                 req.finish_reason = FinishAbort(message=str(exc), status_code=429 if isinstance(exc, GrammarBusy) else 400)
-                outs.append(self._out(req))
+                outs.append(self._ended(req))
                 continue
             assert self.grammar is not None
             self.grammar.start(req, future.result())
-            self.counters["forced_tokens"] += len(req.output_ids)
+            self.stats.forced_tokens += len(req.output_ids)
             least = req.matcher.distance() if req.matcher.budget_aware else 0
             if least > req.remaining_new_tokens:
                 req.finish_reason = FinishAbort(status_code=400, message=(
@@ -147,7 +154,7 @@ class Scheduler(Admission, SpeculativeStep):
             elif req.remaining_new_tokens == 0:
                 req.finish_reason = FinishLength(length=len(req.output_ids))
             if req.finish_reason is not None:
-                outs.append(self._out(req))
+                outs.append(self._ended(req))
             else:
                 self._enqueue(req)
         self.compiling = still
@@ -162,11 +169,12 @@ class Scheduler(Admission, SpeculativeStep):
     def abort(self, rid: str) -> list[ReqOut]:
         """End the request with exactly this rid (or, for n > 1, its samples) and free its KV now."""
         outs = []
-        for req in [r for r in self.compiling + self.waiting + self.running + [self.chunked] if r is not None]:
+        chunked = self.admission.chunked
+        for req in [r for r in self.compiling + self.waiting + self.running + [chunked] if r is not None]:
             if rid in (req.rid, req.group):
                 req.finish_reason = FinishAbort(message="aborted", status_code=499)
                 outs.append(self._finish(req))
-        outs += [self._out(r) for r in self.pd.abort(rid)]
+        outs += [self._ended(r) for r in self.pd.abort(rid)]
         return outs
 
     def flush_cache(self) -> None:
@@ -197,40 +205,69 @@ class Scheduler(Admission, SpeculativeStep):
     @property
     def busy(self) -> bool:
         """Whether a step would run a forward pass."""
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.admission.chunked)
 
     # ---------------------------------------------------------------- step
 
     @torch.inference_mode()
     def step(self) -> list[ReqOut]:
-        """Run one forward pass (prefill if admitted, else decode) and return what it produced.
-        If building or running the batch raises, only that batch's requests end (with the
-        error); the scheduler goes on with every other request."""
+        """Take in compiled grammars and KV transfers, then plan one step and run it (one
+        forward pass), returning what it produced. If building or running the batch raises,
+        only that plan's requests end (with the error); the scheduler goes on with every
+        other request."""
         outs = self._grammars_ready() if self.compiling else []
         if self.transferring:
             outs += self._transfers()
-        batch = self._prefill_batch()
-        reqs = [r for r, _ in batch] if batch else list(self.running)
-        sent = [r.sent_ids for r in reqs]
+        plan = self.admission.plan(self.waiting, self.running)
+        if plan.num_prefill:
+            self.waiting = [r for r in self.waiting if r.status is ReqStatus.WAITING]
+        sent = [r.sent_ids for r in plan.reqs]
         try:
-            if batch and self.running and self.args.enable_mixed_chunk and not self._all_logits(batch):
-                reqs += self.running
-                sent += [r.sent_ids for r in self.running]
-                return outs + self._run_mixed(batch)
-            if batch:
-                return outs + self._run_prefill(batch)
-            if self.running:
-                return outs + self._run_decode()
+            return outs + self._run(plan)
         except Exception as exc:
-            logger.exception("a batch of %d request(s) failed; ending them and going on", len(reqs))
-            return outs + self._fail(reqs, sent, exc)
+            logger.exception("a batch of %d request(s) failed; ending them and going on", len(plan.reqs))
+            return outs + self._fail(plan.reqs, sent, exc)
+
+    def _run(self, plan: StepPlan) -> list[ReqOut]:
+        """Execute a plan: reserve its KV and build its batch (when the KV does not fit, do
+        what the plan says), forward, then sample and advance every row."""
+        if plan.mode is StepMode.IDLE:
+            return []
+        if plan.mode is StepMode.DECODE and self.spec is not None:
+            outs = self.spec.step(self.running, self.grammar)
+            if outs is not None:
+                self.running = [r for r in self.running if r.finish_reason is None]
+                return outs
+        batch = self._build(plan)
+        while batch is None:
+            if plan.on_no_kv is OnNoKV.REQUEUE:
+                return self._requeue_prefill(plan)
+            self._retract_one()
+            if not self.running:
+                return []
+            plan = decode_plan(self.running)
+            batch = self._build(plan)
+        n = plan.num_prefill
+        if n:
+            self.admission.reserved()
+        out = self.runner.forward(batch)
+        logits = out.next_token_logits
+        outs = self._finish_decode(plan, logits[n:] if n else logits) if plan.decode else []
+        if n:
+            if out.all_logits is not None:
+                prompt_logprobs(list(plan.prefill), [r.fill_ids() for r in plan.prefill], list(plan.prefill_ends),
+                                out.all_logits)
+            outs += self._finish_prefill(plan, logits[:n])
         return outs
 
-    def _fail(self, reqs: list[Req], sent: list[int], exc: Exception) -> list[ReqOut]:
+    def _build(self, plan: StepPlan) -> ForwardBatch | None:
+        return build_batch(self.kv, plan.forward_mode, plan.reqs, plan.ends, plan.inputs, plan.all_logits)
+
+    def _fail(self, reqs: tuple[Req, ...], sent: list[int], exc: Exception) -> list[ReqOut]:
         """End the requests of a failed step. Their KV is released as far as it was computed
         (kv_len advances only after a forward succeeds); outputs the step built are lost, so
         each request's final output is built again from what was sent before it."""
-        self.counters["failed_batches"] += 1
+        self.stats.failed_batches += 1
         outs = []
         for req, before in zip(reqs, sent):
             req.sent_ids = before
@@ -249,124 +286,64 @@ class Scheduler(Admission, SpeculativeStep):
         """Disaggregation: move KV transfers on; a decode worker starts the requests whose KV
         came in from the prefill worker's first token (and its logprobs)."""
         ended, arrived = self.pd.step(self.args.max_running_requests - len(self.running))
-        outs = [self._out(r) for r in ended]
+        outs = [self._ended(r) for r in ended]
         for req, done in arrived:
-            self._commit(req, done.token, ([done.logprob], [done.top_logprobs]) if done.logprob is not None else None, 0)
-            self.counters["generated_tokens"] += 1
-            self._emit(req, outs)
+            req.status = ReqStatus.RUNNING  # its KV is in this worker's pool now
+            self.commit(req, done.token, ([done.logprob], [done.top_logprobs]) if done.logprob is not None else None, 0)
+            self.stats.generated_tokens += 1
+            self.emit(req, outs)
             if req.finish_reason is None:
                 self.running.append(req)
         return outs
 
-    def _requeue_batch(self, reqs: list[Req]) -> list[ReqOut]:
-        """A prefill batch whose KV could not be reserved (memory estimates were off): put it
+    def _requeue_prefill(self, plan: StepPlan) -> list[ReqOut]:
+        """The plan's prompts could not reserve their KV (memory estimates were off): put them
         back and decode instead."""
-        self.chunked = None  # a requeued chunked prompt restarts from its cached prefix
+        reqs = plan.prefill
         if len(reqs) == 1 and not self.running:
             return [self._refuse_unfittable(reqs[0])]
         for req in reversed(reqs):
-            self._put_back(req)
-        self.admit_one = True  # until a prefill succeeds: one request at a time, never the same batch
-        return self._run_decode() if self.running else []
+            self._requeue(req, retract=False)
+        self.admission.requeued()
+        return self._run(decode_plan(self.running)) if self.running else []
 
-    def _run_prefill(self, batch: list[tuple[Req, int]]) -> list[ReqOut]:
-        reqs = [r for r, _ in batch]
-        ends = [e for _, e in batch]
-        loc = self.kv.reserve(reqs, ends)
-        if loc is None:
-            return self._requeue_batch(reqs)
-        self.admit_one = False
-        fills = [r.fill_ids() for r in reqs]
-        new = [f[r.kv_len : e].tolist() for r, f, e in zip(reqs, fills, ends)]
-        want = self._all_logits(batch)
-        fb = ForwardBatch.build(ForwardMode.EXTEND, new, [r.kv_len for r in reqs], [r.row for r in reqs],
-                                loc, self.runner.req_to_token.table, return_all_logits=want)
-        out = self.runner.forward(fb)
-        if out.all_logits is not None:
-            prompt_logprobs(reqs, fills, ends, out.all_logits)
-        return self._finish_prefill(batch, out.next_token_logits)
-
-    def _run_mixed(self, batch: list[tuple[Req, int]]) -> list[ReqOut]:
-        """One forward of the prefill batch's chunks and a decode step of every running
-        request (SGLang's --enable-mixed-chunk): decoding does not pause for a prompt."""
-        reqs = [r for r, _ in batch]
-        decode = list(self.running)
-        ends = [r.seq_len for r in decode]
-        loc = self.kv.reserve(reqs + decode, [e for _, e in batch] + ends)
-        if loc is None:
-            return self._requeue_batch(reqs)
-        self.admit_one = False
-        new = [r.fill_ids()[r.kv_len : e].tolist() for r, e in batch] + self._decode_inputs(decode, ends)[0]
-        fb = ForwardBatch.build(ForwardMode.MIXED, new, [r.kv_len for r in reqs + decode],
-                                [r.row for r in reqs + decode], loc, self.runner.req_to_token.table)
-        logits = self.runner.forward(fb).next_token_logits
-        outs = self._finish_decode(decode, ends, logits[len(reqs) :])
-        return outs + self._finish_prefill(batch, logits[: len(reqs)])
-
-    def _finish_prefill(self, batch: list[tuple[Req, int]], logits: torch.Tensor) -> list[ReqOut]:
+    def _finish_prefill(self, plan: StepPlan, logits: torch.Tensor) -> list[ReqOut]:
         """Advance the prefilled requests; those whose prompt is done sample their first token."""
-        self.counters["prefill_steps"] += 1
+        self.stats.prefill_steps += 1
+        self.admission.prefilled(plan)
         done_rows, done, outs = [], [], []
-        self.chunked = None
-        self.last_was_chunk = False
-        for i, (req, end) in enumerate(batch):
+        for i, (req, end) in enumerate(zip(plan.prefill, plan.prefill_ends)):
             req.kv_len = end
+            self.kv.cache_prefix(req)  # later requests (and the n samples) reuse the prompt
             if end < req.seq_len:
-                self.kv.cache_prefix(req)
-                self.chunked = req
-                self.last_was_chunk = True
-            else:
-                self.kv.cache_prefix(req)  # later requests (and the n samples) reuse the prompt
-                if req.params.max_new_tokens == 0:  # prefill only: cache the prompt, maybe logprobs
-                    req.finish_reason = FinishLength(length=0)
-                    outs.append(self._finish(req))
-                    continue
-                done_rows.append(i)
-                done.append(req)
+                continue  # the admission chunks the rest next step
+            if req.params.max_new_tokens == 0:  # prefill only: cache the prompt, maybe logprobs
+                req.finish_reason = FinishLength(length=0)
+                outs.append(self._finish(req))
+                continue
+            done_rows.append(i)
+            done.append(req)
         if done:
             outs += self._sample_and_finish(done, logits[done_rows])
-        self.running.extend(r for r in done if r.finish_reason is None)
+        for req in done:
+            if req.finish_reason is None:
+                req.status = ReqStatus.RUNNING
+                self.running.append(req)
         return outs
 
-    def _run_decode(self) -> list[ReqOut]:
-        if self.proposer is not None and len(self.running) <= self.args.speculative_max_batch:
-            outs = self._run_speculative()
-            if outs is not None:
-                return outs
-        ends = None
-        while self.running:
-            ends = [r.seq_len for r in self.running]
-            loc = self.kv.reserve(self.running, ends)
-            if loc is not None:
-                break
-            self._retract_one()
-        if not self.running:
-            return []
-        reqs = self.running
-        new, jumped = self._decode_inputs(reqs, ends)
-        fb = ForwardBatch.build(ForwardMode.EXTEND if jumped else ForwardMode.DECODE, new,
-                                [r.kv_len for r in reqs], [r.row for r in reqs], loc,
-                                self.runner.req_to_token.table)
-        return self._finish_decode(reqs, ends, self.runner.forward(fb).next_token_logits)
-
-    @staticmethod
-    def _decode_inputs(reqs: list[Req], ends: list[int]) -> tuple[list[list[int]], bool]:
-        """Each running request's tokens to forward, up to its `end` (its seq_len): its last
-        output, or after a jump-forward all its forced tokens (then the step is an extend)."""
-        jumped = any(e - r.kv_len > 1 for r, e in zip(reqs, ends))
-        return [r.fill_ids()[r.kv_len :].tolist() if jumped else [r.output_ids[-1]] for r in reqs], jumped
-
-    def _finish_decode(self, reqs: list[Req], ends: list[int], logits: torch.Tensor) -> list[ReqOut]:
-        for r, e in zip(reqs, ends):
+    def _finish_decode(self, plan: StepPlan, logits: torch.Tensor) -> list[ReqOut]:
+        reqs = list(plan.decode)
+        for r, e in zip(reqs, plan.decode_ends):
             r.kv_len = e
-        self._count_decode_step()
+        self.count_decode_step()
         outs = self._sample_and_finish(reqs, logits)
         self.running = [r for r in self.running if r.finish_reason is None]
         return outs
 
-    def _count_decode_step(self) -> None:
-        self.counters["decode_steps"] += 1
-        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+    def count_decode_step(self) -> None:
+        """Count a decode step of the running batch (plain or speculative)."""
+        self.stats.decode_steps += 1
+        self.admission.decoded()
 
     # ------------------------------------------------------------ results
 
@@ -376,12 +353,12 @@ class Scheduler(Admission, SpeculativeStep):
         lps = token_logprobs(reqs, logits, list(range(len(reqs))), tokens)
         outs: list[ReqOut] = []
         for i, (req, tok) in enumerate(zip(reqs, tokens)):
-            self._commit(req, tok, lps, i)
-            self._emit(req, outs)
-        self.counters["generated_tokens"] += len(reqs)
+            self.commit(req, tok, lps, i)
+            self.emit(req, outs)
+        self.stats.generated_tokens += len(reqs)
         return outs
 
-    def _commit(self, req: Req, tok: int, lps: tuple[list[float], list[list]] | None, i: int) -> bool:
+    def commit(self, req: Req, tok: int, lps: TokenLogprobs | None, i: int) -> bool:
         """Append a chosen token (with its logprob, entry i of `token_logprobs`'s answer), set
         the finish reason if it ends the request, and step the grammar. True if a jump-forward
         rewrote the output."""
@@ -397,11 +374,12 @@ class Scheduler(Admission, SpeculativeStep):
         req.finish_reason = self._grammar_step(req, tok)
         return len(req.output_ids) != length or req.output_ids[-1] != tok
 
-    def _emit(self, req: Req, outs: list[ReqOut]) -> None:
+    def emit(self, req: Req, outs: list[ReqOut]) -> None:
         """After a step: the request's final output, or its progress if someone reads it. A
         prefill worker's disaggregated request ends at its first token and waits for its
         KV to reach the decode worker."""
         if self.pd.keeps(req):
+            req.status = ReqStatus.TRANSFERRING
             return
         if req.finish_reason is not None:
             outs.append(self._finish(req))
@@ -427,7 +405,7 @@ class Scheduler(Admission, SpeculativeStep):
         abort = self.grammar.advance(req, tok)
         if abort is not None:
             return abort
-        self.counters["forced_tokens"] += len(req.output_ids) - before
+        self.stats.forced_tokens += len(req.output_ids) - before
         if req.matcher.is_terminated():
             return FinishStop()
         if len(req.output_ids) >= req.params.max_new_tokens:
@@ -435,22 +413,33 @@ class Scheduler(Admission, SpeculativeStep):
         return None
 
     def _finish(self, req: Req) -> ReqOut:
-        if req.row >= 0:
+        """End a request the scheduler holds (its finish reason set): free its KV, take it
+        off the queue its status names, and build its final output."""
+        status = req.status
+        if status in HOLDS_KV:
             self._release(req)
         if isinstance(req.finish_reason, FinishAbort):
             self.pd.ended(req)
-        if req is self.chunked:
-            self.chunked = None
-        self.waiting = [r for r in self.waiting if r is not req]
-        self.running = [r for r in self.running if r is not req]
-        self.compiling = [r for r in self.compiling if r is not req]
+        if status is ReqStatus.WAITING:
+            self.waiting = [r for r in self.waiting if r is not req]
+        elif status is ReqStatus.RUNNING:
+            self.running = [r for r in self.running if r is not req]
+        elif status is ReqStatus.COMPILING:
+            self.compiling = [r for r in self.compiling if r is not req]
+        elif status is ReqStatus.PREFILLING:
+            self.admission.forget(req)
+        return self._ended(req)
+
+    def _ended(self, req: Req) -> ReqOut:
+        """The final output of a request that holds no KV in the scheduler's name (any more)."""
+        req.status = ReqStatus.FINISHED
         return self._out(req)
 
     def _release(self, req: Req) -> None:
         """Free the request's KV (caching what it computed), and its draft's."""
         self.kv.release(req)
-        if self.proposer is not None:
-            self.proposer.release(req)
+        if self.spec is not None:
+            self.spec.release(req)
 
     def _out(self, req: Req) -> ReqOut:
         new = req.output_ids[req.sent_ids :]
@@ -472,17 +461,22 @@ class Scheduler(Admission, SpeculativeStep):
         victim = min(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_ids)))
         if len(self.running) == 1 and not self.kv.make_room(1):
             logger.error("one request alone does not fit the KV cache: %s", victim.rid)
-        self.running.remove(victim)
-        self._requeue(victim)
-        self.counters["retractions"] += 1
-        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+        self._requeue(victim, retract=True)
+        self.stats.retractions += 1
+        self.admission.retracted()
 
-    def _put_back(self, req: Req) -> None:
-        """Return a request whose prefill did not start to the head of the queue; it has not
-        run, so it keeps its place and recomputes nothing (prompt logprobs included)."""
-        if req.row >= 0:
+    def _requeue(self, req: Req, retract: bool) -> None:
+        """Send a prefilling or running request back to the head of the queue, its KV freed
+        (what it computed stays cached). A retracted one recomputes its output later; a
+        prefill that did not run keeps its place and recomputes nothing."""
+        if req.status is ReqStatus.RUNNING:
+            self.running.remove(req)
+        if req.status in HOLDS_KV:
             self._release(req)
-        req.input_logprobs, req.input_top_logprobs = [], []  # a restarted chunked prompt redoes them
+        req.retractions += retract
+        if req.wants_prompt_logprobs:
+            req.input_logprobs, req.input_top_logprobs = [], []  # a restarted prompt computes them again
+        req.status = ReqStatus.WAITING
         self.waiting.insert(0, req)
 
     def _refuse_unfittable(self, req: Req) -> ReqOut:
@@ -491,15 +485,8 @@ class Scheduler(Admission, SpeculativeStep):
                                                 f"({self.kv.available()}); shorten it", status_code=400)
         return self._finish(req)
 
-    def _requeue(self, req: Req) -> None:
-        if req.row >= 0:
-            self._release(req)
-        req.retractions += 1
-        self.waiting.insert(0, req)
-
     # ----------------------------------------------------------- integrity
 
     def check_invariant(self) -> str | None:
         """None when every KV slot is accounted for, else the numbers."""
         return self.kv.check()
-

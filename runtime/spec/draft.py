@@ -17,8 +17,9 @@ import torch
 from arbor.kernels.cpu_ops import argmax_cpu
 from arbor.runtime.config import ServerArgs
 from arbor.runtime.kv.manager import KVManager, make_prefix_cache
-from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
+from arbor.runtime.model.forward_batch import ForwardMode
 from arbor.runtime.model.runner import ModelRunner
+from arbor.runtime.scheduler.batch import build_batch
 from arbor.runtime.scheduler.grammar_manager import GrammarManager
 from arbor.runtime.scheduler.req import Req
 from arbor.runtime.spec.frequent_token_head import full_vocab, load_token_map
@@ -109,12 +110,10 @@ class DraftProposer:
         for s in shadows:
             self.kv.truncate(s, s.kv_len)
         ends = [s.seq_len for s in shadows]
-        loc = self.kv.reserve(shadows, ends)
-        if loc is None:
-            return None
         inputs = [s.fill_ids()[s.kv_len :].tolist() for s in shadows]
-        fb = ForwardBatch.build(ForwardMode.EXTEND, inputs, [s.kv_len for s in shadows], [s.row for s in shadows],
-                                loc, self.runner.req_to_token.table)
+        fb = build_batch(self.kv, ForwardMode.EXTEND, shadows, ends, inputs)
+        if fb is None:
+            return None
         picks = self._picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
         for s, e in zip(shadows, ends):
             s.kv_len = e
@@ -129,11 +128,9 @@ class DraftProposer:
         starts = [s.seq_len + step - 1 for s in shadows]
         for s, p in zip(shadows, starts):
             s.kv_len = p
-        loc = self.kv.reserve(shadows, [p + 1 for p in starts])
-        if loc is None:
+        fb = build_batch(self.kv, ForwardMode.DECODE, shadows, [p + 1 for p in starts], [[a[-1]] for a in ahead])
+        if fb is None:
             return None
-        fb = ForwardBatch.build(ForwardMode.DECODE, [[a[-1]] for a in ahead], starts, [s.row for s in shadows], loc,
-                                self.runner.req_to_token.table)
         return self._picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
 
     def _picks(self, logits: torch.Tensor, reqs: list[Req], grammar: GrammarManager | None,

@@ -59,7 +59,7 @@ def test_a_failing_forward_ends_only_its_batch(tiny_model):
     assert isinstance(victim, FinishAbort) and victim.status_code == 500 and "injected fault" in victim.message
     assert finished["steady"].finish_reason == FinishLength(length=6)
     assert _ids(outs, "steady") == _ids(clean_outs, "steady")
-    assert sched.check_invariant() is None and sched.counters["failed_batches"] == 1
+    assert sched.check_invariant() is None and sched.stats.failed_batches == 1
 
     sched.add(_req("after", [21, 22, 23], 4))  # the same prompt again: served normally
     after: list[ReqOut] = []
