@@ -71,7 +71,7 @@ class GrammarBusy(GrammarError):
 
 @dataclass
 class CompilerConfig:
-    """Limits of the compile service (ServerArgs.grammar_* flags)."""
+    """Limits of the compile service (GrammarArgs: the --grammar-* flags)."""
 
     backend: str = "outlines"  # outlines | xgrammar | llguidance
     workers: int = 2

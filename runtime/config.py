@@ -429,13 +429,6 @@ class ServerArgs(Section):
             raise ValueError("--disaggregation-mode runs one worker per process: start each prefill and "
                              "decode worker on its own, without --tp-size, --dp-size or speculative decoding")
 
-    def __getattr__(self, name: str) -> Any:
-        # TEMPORARY (issue 36, phase 1): flat names for modules not yet given their sections.
-        flag = _table().flags.get(name)
-        if flag is None or flag.section is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(object.__getattribute__(self, flag.section), flag.field.name)
-
     @classmethod
     def from_flags(cls, **flags: Any) -> ServerArgs:
         """The defaults with `flags` (by flag name: model_path=..., kv_cache_dtype=...) applied."""
@@ -444,10 +437,6 @@ class ServerArgs(Section):
     def with_flags(self, **flags: Any) -> ServerArgs:
         """A copy with `flags` (by flag name) replaced; every changed section checks itself again."""
         return _table().replace(self, **flags)
-
-    def flag_value(self, name: str) -> Any:
-        """The value of the flag `name` (e.g. kv_cache_dtype), wherever its section keeps it."""
-        return _table().value(self, name)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs
 from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.loader import load_model
@@ -127,7 +127,7 @@ def test_the_model_example_gives_transformers_logits(monkeypatch, tmp_path):
 
     example = _register_model_example(monkeypatch)
     path = _tiny_gemma(tmp_path / "gemma")
-    runner = ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=1024), str(path))
+    runner = ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=1024), 64, str(path))
     assert isinstance(runner.model, example.GemmaForCausalLM)
     prompts = [[5, 17, 99, 3, 250, 8, 8, 41], [7] * 3, list(range(30, 90))]
     rows = [runner.req_to_token.alloc() for _ in prompts]

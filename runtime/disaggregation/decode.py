@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import DisaggArgs
 from arbor.runtime.disaggregation.peer_sockets import PeerSockets
 from arbor.runtime.disaggregation.protocol import (
     BootstrapCodec,
@@ -60,15 +60,14 @@ class _Pulled:
 class DecodeReceiver(NullRole):
     """Requests waiting for slots (`queue`) and for their KV (`pulled`, by room)."""
 
-    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, stats: SchedulerStats,
+    def __init__(self, disagg: DisaggArgs, host: str, kv: KVManager, pool: KVPool, stats: SchedulerStats,
                  secret: str) -> None:
-        self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "decode", args.host,
-                                      args.disaggregation_ib_device)
+        self.transfer = make_transfer(disagg.transfer_backend, pool, "decode", host, disagg.ib_device)
         self.kv = kv
         self.codec = BootstrapCodec(secret)
         self.ctx = zmq.Context()
-        self.timeout = args.disaggregation_timeout_s
-        self.staging_budget = args.disaggregation_staging_mb << 20
+        self.timeout = disagg.timeout_s
+        self.staging_budget = disagg.staging_mb << 20
         self.stats = stats
         self.queue: list[tuple[Req, float]] = []  # (request, when it came)
         self.pulled: dict[int, _Pulled] = {}

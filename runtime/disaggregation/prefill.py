@@ -12,7 +12,7 @@ from typing import Any
 
 import zmq
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import DisaggArgs
 from arbor.runtime.disaggregation.protocol import (
     BootstrapCodec,
     KVCancel,
@@ -52,18 +52,17 @@ class PrefillSender(NullRole):
     Every message there must be signed with the PD secret and well formed; any other is
     dropped and counted (`bootstrap_rejected`), and never ends the worker."""
 
-    def __init__(self, args: ServerArgs, kv: KVManager, pool: KVPool, stats: SchedulerStats,
+    def __init__(self, disagg: DisaggArgs, host: str, kv: KVManager, pool: KVPool, stats: SchedulerStats,
                  secret: str) -> None:
-        self.transfer = make_transfer(args.disaggregation_transfer_backend, pool, "prefill", args.host,
-                                      args.disaggregation_ib_device)
+        self.transfer = make_transfer(disagg.transfer_backend, pool, "prefill", host, disagg.ib_device)
         self.kv = kv
         self.codec = BootstrapCodec(secret)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + MAC_BYTES)  # a bigger frame drops its peer
-        self.sock.bind(f"tcp://{args.host}:{args.disaggregation_bootstrap_port}")
-        self.timeout = args.disaggregation_timeout_s
+        self.sock.bind(f"tcp://{host}:{disagg.bootstrap_port}")
+        self.timeout = disagg.timeout_s
         self.stats = stats
         self.held: dict[int, _Held] = {}
         self.pulls: dict[int, tuple[bytes, KVPull]] = {}  # pulls that came before their request finished

@@ -6,7 +6,7 @@ from typing import Protocol
 
 import zmq
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import DisaggArgs
 from arbor.runtime.disaggregation.protocol import KVDone
 from arbor.runtime.disaggregation.secret import require_secret
 from arbor.runtime.kv.manager import KVManager
@@ -90,15 +90,16 @@ class NullRole:
         return None
 
 
-def make_role(args: ServerArgs, kv: KVManager, pool: KVPool, stats: SchedulerStats) -> Role:
-    """The side `--disaggregation-mode` names; a NullRole for a worker that does both."""
-    if args.disaggregation_mode == "null":
+def make_role(disagg: DisaggArgs, host: str, kv: KVManager, pool: KVPool, stats: SchedulerStats) -> Role:
+    """The side `--disaggregation-mode` names; a NullRole for a worker that does both. `host`
+    is the interface (--host) its bootstrap socket and KV transfer use."""
+    if disagg.mode == "null":
         return NullRole()
-    secret = require_secret(args.disagg)
-    if args.disaggregation_mode == "prefill":
+    secret = require_secret(disagg)
+    if disagg.mode == "prefill":
         from arbor.runtime.disaggregation.prefill import PrefillSender
 
-        return PrefillSender(args, kv, pool, stats, secret)
+        return PrefillSender(disagg, host, kv, pool, stats, secret)
     from arbor.runtime.disaggregation.decode import DecodeReceiver
 
-    return DecodeReceiver(args, kv, pool, stats, secret)
+    return DecodeReceiver(disagg, host, kv, pool, stats, secret)

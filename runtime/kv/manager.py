@@ -12,6 +12,7 @@ import torch
 from arbor.radix.cache import RadixCache
 from arbor.radix.null_cache import NullPrefixCache
 from arbor.radix.prefix_cache import PrefixCache
+from arbor.runtime.config import CacheArgs
 from arbor.runtime.kv.pool import PageAllocator, ReqToTokenPool, reserve_positions
 from arbor.runtime.scheduler.req import Req
 
@@ -22,9 +23,9 @@ def _ceil(n: int, page: int) -> int:
     return -(-n // page) * page
 
 
-def make_prefix_cache(page_size: int, disabled: bool) -> PrefixCache:
+def make_prefix_cache(cache: CacheArgs) -> PrefixCache:
     """The radix tree, or the no-cache stand-in under `--disable-radix-cache`."""
-    return NullPrefixCache() if disabled else RadixCache(page_size)
+    return NullPrefixCache() if cache.disable_radix_cache else RadixCache(cache.page_size)
 
 
 class KVManager:

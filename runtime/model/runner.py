@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs
 from arbor.runtime.kv.pool import KVPool, PageAllocator, ReqToTokenPool
 from arbor.runtime.model.attention import create_backend, resolve_backend
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -58,33 +58,35 @@ def _cpu_has_fast_bf16() -> bool:
 class ModelRunner:
     """Loads the checkpoint, sizes and allocates the KV cache, and runs forward passes."""
 
-    def __init__(self, args: ServerArgs, model_path: str, hot_tokens: torch.Tensor | None = None,
-                 tp: TensorParallel = SINGLE, num_slots: int | None = None) -> None:
-        """`hot_tokens`: compute logits for these token ids only (a draft's FrequentTokenHead;
-        `columns` then names each logits column's token). Under tensor parallelism, `tp` is
-        this rank and `num_slots` the KV capacity rank 0 chose."""
-        self.device = resolve_device(args.device)
-        self.dtype = resolve_dtype(args.dtype, self.device)
+    def __init__(self, model: ModelArgs, cache: CacheArgs, max_running_requests: int, model_path: str,
+                 hot_tokens: torch.Tensor | None = None, tp: TensorParallel = SINGLE,
+                 num_slots: int | None = None) -> None:
+        """`model_path`: the checkpoint (`model.path` resolved); `max_running_requests` rows in
+        the request-to-slot table. `hot_tokens`: compute logits for these token ids only (a
+        draft's FrequentTokenHead; `columns` then names each logits column's token). Under
+        tensor parallelism, `tp` is this rank and `num_slots` the KV capacity rank 0 chose."""
+        self.device = resolve_device(model.device)
+        self.dtype = resolve_dtype(model.dtype, self.device)
         self.tp = tp
         self.leader: Callable[[ForwardBatch], None] | None = None  # rank 0: sends each batch to the other ranks
-        self.model, self.config = load_model(model_path, self.dtype, self.device, tp, args.load_format)
+        self.model, self.config = load_model(model_path, self.dtype, self.device, tp, model.load_format)
         self.columns: torch.Tensor | None = None  # None: logits cover the whole vocabulary
         if hot_tokens is not None:
             self.columns = use_frequent_token_head(self.model, hot_tokens)
         cfg = self.config
-        self.context_len = min(args.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
-        ps = args.page_size
+        self.context_len = min(model.context_length or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        ps = cache.page_size
         table_width = -(-self.context_len // ps) * ps
-        self.kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype in ("fp8", "fp8_e4m3") else self.dtype
-        num_slots = num_slots or self._kv_slots(args)
+        self.kv_dtype = torch.float8_e4m3fn if cache.dtype in ("fp8", "fp8_e4m3") else self.dtype
+        num_slots = num_slots or self._kv_slots(cache, max_running_requests)
         kv_heads = tp.kv_heads(cfg.num_kv_heads)
         self.kv_pool = KVPool(num_slots, cfg.num_layers, kv_heads, cfg.head_dim, self.kv_dtype, self.device)
         self.allocator = PageAllocator(num_slots, ps)
-        self.req_to_token = ReqToTokenPool(args.max_running_requests, table_width, self.device, ps)
+        self.req_to_token = ReqToTokenPool(max_running_requests, table_width, self.device, ps)
         self.attn_backend = create_backend(
-            args.attention_backend, self.kv_pool, self.req_to_token, cfg.head_dim**-0.5
+            model.attention_backend, self.kv_pool, self.req_to_token, cfg.head_dim**-0.5
         )
-        if resolve_backend(args.attention_backend, self.device.type) == "triton":
+        if resolve_backend(model.attention_backend, self.device.type) == "triton":
             use_triton_kernels(self.model)
         elif self.device.type == "cpu":
             use_cpu_kernels(self.model)
@@ -97,15 +99,15 @@ class ModelRunner:
             self.context_len,
         )
 
-    def _kv_slots(self, args: ServerArgs) -> int:
+    def _kv_slots(self, cache: CacheArgs, max_running_requests: int) -> int:
         """KV capacity in slots, rounded to whole pages, plus the reserved page 0."""
-        ps = args.page_size
-        if args.max_total_tokens is not None:
-            tokens = args.max_total_tokens
+        ps = cache.page_size
+        if cache.max_total_tokens is not None:
+            tokens = cache.max_total_tokens
         else:
             per_token = self.config.kv_bytes_per_token(torch.finfo(self.kv_dtype).bits // 8)
-            budget = int(_free_memory_bytes(self.device) * args.kv_cache_memory_fraction)
-            tokens = min(args.max_running_requests * self.context_len, budget // per_token)
+            budget = int(_free_memory_bytes(self.device) * cache.memory_fraction)
+            tokens = min(max_running_requests * self.context_len, budget // per_token)
         return (-(-tokens // ps) + 1) * ps
 
     @torch.inference_mode()

@@ -30,8 +30,8 @@ class Admission:
     being prefilled chunk by chunk, and the estimate of how many more tokens a running
     request will take (it falls while decoding goes well and rises at each retraction)."""
 
-    def __init__(self, args: SchedulerArgs, kv: KVManager, context_len: int, stats: SchedulerStats) -> None:
-        self.args = args
+    def __init__(self, config: SchedulerArgs, kv: KVManager, context_len: int, stats: SchedulerStats) -> None:
+        self.config = config
         self.kv = kv
         self.context_len = context_len
         self.stats = stats
@@ -48,7 +48,7 @@ class Admission:
         batch = self._prefill_batch(waiting, running)
         if batch:
             all_logits = any(r.wants_prompt_logprobs for r, _ in batch)
-            mixed = bool(running) and self.args.enable_mixed_chunk and not all_logits
+            mixed = bool(running) and self.config.enable_mixed_chunk and not all_logits
             return prefill_plan(batch, running, mixed, all_logits)
         return decode_plan(running) if running else IDLE
 
@@ -89,13 +89,13 @@ class Admission:
 
     def _prefill_batch(self, waiting: list[Req], running: list[Req]) -> list[tuple[Req, int]]:
         """Requests to prefill now with the end position of each one's chunk."""
-        if self.last_was_chunk and running and not self.args.enable_mixed_chunk:
+        if self.last_was_chunk and running and not self.config.enable_mixed_chunk:
             self.last_was_chunk = False
             return []  # a decode step between two chunks of a long prompt
         if not waiting and self.chunked is None:
             return []
-        chunk_cap = self.args.chunked_prefill_size or self.context_len
-        budget = self.args.max_prefill_tokens
+        chunk_cap = self.config.chunked_prefill_size or self.context_len
+        budget = self.config.max_prefill_tokens
         if self.chunked is not None:
             req = self.chunked
             cap = min(chunk_cap, LOGITS_TOKEN_BUDGET) if req.wants_prompt_logprobs else chunk_cap
@@ -104,9 +104,9 @@ class Admission:
         room = self.kv.available() - reserved
         batch: list[tuple[Req, int]] = []
         all_logits = False  # a batch with prompt logprobs computes logits of every token
-        order = order_waiting(waiting, self.args.policy, self.kv, self.args.max_skips)
+        order = order_waiting(waiting, self.config.policy, self.kv, self.config.max_skips)
         for req in order:
-            if len(running) + len(batch) >= self.args.max_running_requests or budget <= 0:
+            if len(running) + len(batch) >= self.config.max_running_requests or budget <= 0:
                 break
             fill = req.seq_len
             prefix = self.kv.prefix_len(req)

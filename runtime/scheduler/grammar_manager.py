@@ -20,7 +20,7 @@ from arbor.grammar.matcher import CompiledConstraint
 from arbor.grammar.reasoning_gate import ReasoningGate
 from arbor.grammar.vocabulary import TokenVocabulary
 from arbor.kernels.reference import apply_token_bitmask_ref
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import GrammarArgs
 from arbor.runtime.io.messages import FinishAbort
 from arbor.runtime.io.tokenizer import load_tokenizer
 from arbor.runtime.scheduler.req import Req
@@ -31,12 +31,12 @@ logger = logging.getLogger(__name__)
 class GrammarManager:
     """Compiles constraints asynchronously and steps each constrained request's matcher."""
 
-    def __init__(self, args: ServerArgs, tokenizer_path: str, eos_ids: list[int], logits_size: int) -> None:
-        self.jump_forward = not args.disable_jump_forward
-        self.max_mask_s = args.grammar_max_mask_ms / 1e3
-        self.config = CompilerConfig(backend=args.grammar_backend, workers=args.grammar_workers, timeout_s=args.grammar_compile_timeout_s,
-                                     memory_mb=args.grammar_max_memory_mb, cache_mb=args.grammar_cache_mb,
-                                     cache_dir=args.grammar_cache_dir, max_pending=args.grammar_max_pending)
+    def __init__(self, grammar: GrammarArgs, tokenizer_path: str, eos_ids: list[int], logits_size: int) -> None:
+        self.jump_forward = not grammar.disable_jump_forward
+        self.max_mask_s = grammar.max_mask_ms / 1e3
+        self.config = CompilerConfig(backend=grammar.backend, workers=grammar.workers, timeout_s=grammar.compile_timeout_s,
+                                     memory_mb=grammar.max_memory_mb, cache_mb=grammar.cache_mb,
+                                     cache_dir=grammar.cache_dir, max_pending=grammar.max_pending)
         self._setup_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-setup")
         self._setup: Future = self._setup_pool.submit(self._build, tokenizer_path, eos_ids, logits_size)
         self.compiler: GrammarCompiler | None = None

@@ -48,10 +48,10 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
     ctx = zmq.Context()
     inbox = Puller(ctx, endpoints["scheduler"], ToScheduler)
     out = Pusher(ctx, endpoints["detokenizer"])
-    leader = TpLeader(ctx, endpoints, args.tp_size) if args.tp_size > 1 else None
+    leader = TpLeader(ctx, endpoints, args.parallel.tp_size) if args.parallel.tp_size > 1 else None
     try:
-        share_cores(args)
-        tp = init_rank(args, 0, tp_port) if leader is not None else SINGLE
+        share_cores(args.parallel)
+        tp = init_rank(args.parallel, args.model.device, 0, tp_port) if leader is not None else SINGLE
         sched = Scheduler(args, model_path, tokenizer_path, tp, leader)
     except Exception as exc:  # e.g. a bad checkpoint: the front door reports this message
         _report(ctx, endpoints, exc)
@@ -65,7 +65,7 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
     out.send(Ready(process="scheduler", info={
         "max_total_tokens": runner.allocator.total_slots, "context_length": runner.context_len,
         "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
-        "vocab_size": runner.config.vocab_size, "max_running_requests": args.max_running_requests,
+        "vocab_size": runner.config.vocab_size, "max_running_requests": args.scheduler.max_running_requests,
     }))
     try:
         _loop(sched, inbox, out, os.getppid(), heartbeat)

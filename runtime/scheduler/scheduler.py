@@ -61,16 +61,17 @@ class Scheduler:
 
     def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str | None = None,
                  tp: TensorParallel = SINGLE, leader: TpLeader | None = None) -> None:
-        """Under tensor parallelism this is rank 0: `leader` sends each forward to the other ranks."""
-        self.args = args
+        """Each part gets its own sections of `args`. Under tensor parallelism this is rank 0:
+        `leader` sends each forward to the other ranks."""
+        self.config = args.scheduler
+        self.grammar_config = args.grammar
         self.tokenizer_path = tokenizer_path or model_path
-        self.runner = ModelRunner(args, model_path, tp=tp)
+        self.runner = ModelRunner(args.model, args.cache, args.scheduler.max_running_requests, model_path, tp=tp)
         if leader is not None:
             leader.setup(self.runner.kv_pool.num_slots)
             self.runner.leader = leader
-        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token,
-                            make_prefix_cache(args.page_size, args.disable_radix_cache))
-        self.sampler = Sampler(args.random_seed, self.runner.device)
+        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, make_prefix_cache(args.cache))
+        self.sampler = Sampler(args.scheduler.random_seed, self.runner.device)
         self.eos_ids = list(self.runner.config.eos_token_ids)
         self.stats = SchedulerStats()
         self.admission = Admission(args.scheduler, self.kv, self.runner.context_len, self.stats)
@@ -79,10 +80,11 @@ class Scheduler:
         self.compiling: list[Req] = []  # constrained requests whose grammar is not ready yet
         self.running: list[Req] = []  # decoding
         self._arrivals = 0
-        proposer = make_proposer(args, self.runner)
+        proposer = make_proposer(args.spec, args.model, args.cache, self.runner)
         self.spec = None if proposer is None else SpecDecoder(
-            proposer, self.runner, self.kv, self.sampler, self.eos_ids, args.speculative_max_batch, self.stats, self)
-        self.pd = make_role(args, self.kv, self.runner.kv_pool, self.stats)  # disaggregated: its side
+            proposer, self.runner, self.kv, self.sampler, self.eos_ids, args.spec.max_batch, self.stats, self)
+        # Disaggregated: its side (a prefill worker serves KV pulls on --host).
+        self.pd = make_role(args.disagg, args.http.host, self.kv, self.runner.kv_pool, self.stats)
 
     # -------------------------------------------------------------- intake
 
@@ -123,7 +125,8 @@ class Scheduler:
 
     def _grammar(self) -> GrammarManager:
         if self.grammar is None:
-            self.grammar = GrammarManager(self.args, self.tokenizer_path, self.eos_ids, self.runner.config.vocab_size)
+            self.grammar = GrammarManager(self.grammar_config, self.tokenizer_path, self.eos_ids,
+                                          self.runner.config.vocab_size)
         return self.grammar
 
     def _grammars_ready(self) -> list[ReqOut]:
@@ -285,7 +288,7 @@ class Scheduler:
     def _transfers(self) -> list[ReqOut]:
         """Disaggregation: move KV transfers on; a decode worker starts the requests whose KV
         came in from the prefill worker's first token (and its logprobs)."""
-        ended, arrived = self.pd.step(self.args.max_running_requests - len(self.running))
+        ended, arrived = self.pd.step(self.config.max_running_requests - len(self.running))
         outs = [self._ended(r) for r in ended]
         for req, done in arrived:
             req.status = ReqStatus.RUNNING  # its KV is in this worker's pool now

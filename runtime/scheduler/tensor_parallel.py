@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import ParallelArgs, ServerArgs
 from arbor.runtime.io.ipc import Puller, Pusher
 from arbor.runtime.io.processes import tp_endpoint
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -57,22 +57,23 @@ class TpStop(msgspec.Struct, tag=True):
 TpMsg = TpSetup | TpBatch | TpStop
 
 
-def share_cores(args: ServerArgs) -> None:
+def share_cores(parallel: ParallelArgs) -> None:
     """Give this rank's torch --num-threads, or with several ranks an equal share of the cores."""
-    if args.num_threads is not None:
-        torch.set_num_threads(args.num_threads)
-    elif args.tp_size > 1 and not torch.cuda.is_available():
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.tp_size))
+    if parallel.num_threads is not None:
+        torch.set_num_threads(parallel.num_threads)
+    elif parallel.tp_size > 1 and not torch.cuda.is_available():
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // parallel.tp_size))
 
 
-def init_rank(args: ServerArgs, rank: int, port: int) -> TensorParallel:
-    """Join the process group (the caller has set this rank's threads with share_cores)."""
-    backend = "nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo"
+def init_rank(parallel: ParallelArgs, device: str, rank: int, port: int) -> TensorParallel:
+    """Join the process group on `device` (--device; the caller has set this rank's threads
+    with share_cores)."""
+    backend = "nccl" if torch.cuda.is_available() and device != "cpu" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.tp_size,
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=parallel.tp_size,
                             timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    return TensorParallel(rank, args.tp_size)
+    return TensorParallel(rank, parallel.tp_size)
 
 
 class TpLeader:
@@ -123,12 +124,13 @@ def run_follower(args: ServerArgs, model_path: str, endpoints: dict[str, str], r
     inbox = Puller(ctx, endpoints[tp_endpoint(rank)], TpMsg)
     parent = os.getppid()
     try:
-        share_cores(args)
-        tp = init_rank(args, rank, port)
+        share_cores(args.parallel)
+        tp = init_rank(args.parallel, args.model.device, rank, port)
         setup = _next(inbox, parent)
         if not isinstance(setup, TpSetup):
             return
-        runner = ModelRunner(args, model_path, tp=tp, num_slots=setup.num_slots)
+        runner = ModelRunner(args.model, args.cache, args.scheduler.max_running_requests, model_path, tp=tp,
+                             num_slots=setup.num_slots)
         while isinstance(msg := _next(inbox, parent), TpBatch):
             runner.forward(rebuild(msg, runner))
     finally:

@@ -12,10 +12,12 @@ the rest (`KVManager.truncate`); when the target releases a request, so does the
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from arbor.kernels.cpu_ops import argmax_cpu
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs, SpecArgs
 from arbor.runtime.kv.manager import KVManager, make_prefix_cache
 from arbor.runtime.model.forward_batch import ForwardMode
 from arbor.runtime.model.runner import ModelRunner
@@ -28,18 +30,20 @@ from arbor.runtime.spec.frequent_token_head import full_vocab, load_token_map
 class DraftProposer:
     """Guesses from a draft checkpoint; `propose`, then `commit` or `release` per request."""
 
-    def __init__(self, args: ServerArgs, target: ModelRunner) -> None:
-        # As many KV slots as the target's pool, so every running request fits in both.
-        draft_args = args.with_flags(max_total_tokens=target.allocator.total_slots)
+    def __init__(self, spec: SpecArgs, model: ModelArgs, cache: CacheArgs, target: ModelRunner) -> None:
+        """The draft checkpoint of `spec` runs as the target does (`model`: dtype, device,
+        kernels; `cache`: pages, KV dtype, prefix reuse)."""
         vocab = target.config.vocab_size
-        hot = load_token_map(args.speculative_token_map, vocab) if args.speculative_token_map else None
-        self.runner = ModelRunner(draft_args, str(args.speculative_draft_model_path), hot)
+        hot = load_token_map(spec.token_map, vocab) if spec.token_map else None
+        # As many KV slots and request rows as the target, so every running request fits in both.
+        draft_cache = dataclasses.replace(cache, max_total_tokens=target.allocator.total_slots)
+        rows = target.req_to_token.table.shape[0]
+        self.runner = ModelRunner(model, draft_cache, rows, str(spec.draft_model_path), hot)
         if self.runner.config.vocab_size != vocab:
             raise ValueError(f"the draft's vocabulary ({self.runner.config.vocab_size}) differs from the "
                              f"target's ({target.config.vocab_size}); they must share a tokenizer")
-        cache = make_prefix_cache(args.page_size, args.disable_radix_cache)
-        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, cache)
-        self.k = args.speculative_num_draft_tokens
+        self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, make_prefix_cache(cache))
+        self.k = spec.num_draft_tokens
         self.shadows: dict[int, Req] = {}
         self.written: dict[int, int] = {}  # per shadow: guesses whose K/V the last proposal wrote
 

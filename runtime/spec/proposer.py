@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs, SpecArgs
 from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.sampling.sampler import Sampler, SamplingBatch
 from arbor.runtime.scheduler.grammar_manager import GrammarManager
@@ -76,15 +76,15 @@ class Proposer(Protocol):
         """The request left the running batch; drop what is held for it."""
 
 
-def make_proposer(args: ServerArgs, target: ModelRunner) -> Proposer | None:
-    """The proposer `--speculative-algorithm` names, or None (speculation off)."""
-    if args.speculative_algorithm == "ngram":
-        return NgramProposer(args.speculative_num_draft_tokens, args.speculative_ngram_min_match,
-                             args.speculative_ngram_max_match)
-    if args.speculative_algorithm == "draft":
+def make_proposer(spec: SpecArgs, model: ModelArgs, cache: CacheArgs, target: ModelRunner) -> Proposer | None:
+    """The proposer `--speculative-algorithm` names, or None (speculation off). A draft
+    checkpoint runs with the target's `model` and `cache` settings."""
+    if spec.algorithm == "ngram":
+        return NgramProposer(spec.num_draft_tokens, spec.ngram_min_match, spec.ngram_max_match)
+    if spec.algorithm == "draft":
         from arbor.runtime.spec.draft import DraftProposer
 
-        return DraftProposer(args, target)
+        return DraftProposer(spec, model, cache, target)
     return None
 
 

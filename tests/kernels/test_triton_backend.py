@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arbor.kernels.norm import rmsnorm_triton
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs, ServerArgs
 from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.runner import ModelRunner
@@ -29,8 +29,8 @@ def test_triton_backend_equals_torch_backend(tiny_model, name, page_size, kv) ->
     """fp8_e4m3: both backends attend to the float8 pool's values (read in the Triton kernels
     as float8 and widened there)."""
     path = str(tiny_model(name))
-    runners = [ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=1024, page_size=page_size,
-                                      attention_backend=b, kv_cache_dtype=kv), path) for b in ("torch", "triton")]
+    cache = CacheArgs(max_total_tokens=1024, page_size=page_size, dtype=kv)
+    runners = [ModelRunner(ModelArgs(dtype="float32", attention_backend=b), cache, 64, path) for b in ("torch", "triton")]
     assert runners[1].model.norm.kernel is rmsnorm_triton  # the fused ops are in use
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 50000, (n,), generator=gen).tolist() for n in (5, 21, 2)]

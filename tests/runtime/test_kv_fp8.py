@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arbor import Engine
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs
 from arbor.runtime.kv.pool import as_stored, to_kv_dtype
 from arbor.runtime.model import runner as runner_module
 from arbor.runtime.model.runner import ModelRunner
@@ -30,7 +30,7 @@ def test_fp8_cache_holds_twice_the_tokens(tiny_model, monkeypatch) -> None:
     """The same memory budget: float8 slots are half the bytes of bf16 ones."""
     monkeypatch.setattr(runner_module, "_free_memory_bytes", lambda device: 64 * 2**20)
     path = str(tiny_model("llama"))
-    sizes = {kv: ModelRunner(ServerArgs.from_flags(dtype="bfloat16", kv_cache_dtype=kv, max_running_requests=512), path)
+    sizes = {kv: ModelRunner(ModelArgs(dtype="bfloat16"), CacheArgs(dtype=kv), 512, path)
              for kv in ("auto", "fp8_e4m3")}
     bf16, fp8 = sizes["auto"], sizes["fp8_e4m3"]
     assert fp8.kv_pool.k[0].dtype == torch.float8_e4m3fn

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs
 from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.causal_lm import CausalLM
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -109,7 +109,7 @@ def test_a_missing_or_unknown_tensor_is_refused_by_name(checkpoint: Path) -> Non
 
 
 def test_forward_gives_full_vocabulary_logits(checkpoint: Path) -> None:
-    runner = ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=256), str(checkpoint))
+    runner = ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=256), 64, str(checkpoint))
     prompt = [5, 17, 99, 3, 250]
     rows = [runner.req_to_token.alloc()]
     loc = reserve_positions(runner.req_to_token, runner.allocator, rows, [0], [len(prompt)])

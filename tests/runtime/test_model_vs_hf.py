@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs
 from arbor.runtime.engine import Engine
 from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
@@ -36,7 +36,7 @@ def _extend(runner, prompts, prefix_lens, rows, all_logits=True):
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "mistral", "llama-tied-gqa4", "llama3-rope"])
 def test_prefill_logits_match_transformers(tiny_model, name):
     path = tiny_model(name)
-    runner = ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=4096), str(path))
+    runner = ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=4096), 64, str(path))
     hf = _hf(path)
     prompts = _prompts([1, 7, 33, 130])  # 130 > original context 64 of the llama3-rope model
     rows = [runner.req_to_token.alloc() for _ in prompts]
@@ -54,7 +54,7 @@ def test_prefill_logits_match_transformers(tiny_model, name):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_extend_from_cached_prefix_equals_full_prefill(tiny_model, page_size):
     path = tiny_model("llama")
-    runner = ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=4096, page_size=page_size), str(path))
+    runner = ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=4096, page_size=page_size), 64, str(path))
     prompts = _prompts([40, 37], seed=1)
     full = _extend(runner, prompts, [0, 0], [runner.req_to_token.alloc() for _ in prompts])
     # Second copy: prefill a page-aligned prefix first, then extend the rest from the pool.
@@ -73,7 +73,7 @@ def test_extend_from_cached_prefix_equals_full_prefill(tiny_model, page_size):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_decode_across_page_boundaries_matches_transformers(tiny_model, page_size):
     path = tiny_model("qwen2")
-    runner = ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=4096, page_size=page_size), str(path))
+    runner = ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=4096, page_size=page_size), 64, str(path))
     hf = _hf(path)
     prompts = _prompts([13, 16, 3], seed=2)
     rows = [runner.req_to_token.alloc() for _ in prompts]

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, CompressedTensorsConf
 from arbor import Engine
 from arbor.kernels import cpu_ops
 from arbor.kernels.reference import woq_dequantize_ref
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs
 from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.model_config import CheckpointError, ModelConfig
@@ -65,7 +65,7 @@ def _logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]
 
 
 def _runner(name: str, dtype: str = "float32") -> ModelRunner:
-    return ModelRunner(ServerArgs.from_flags(dtype=dtype, max_total_tokens=1024), str(DATA / name))
+    return ModelRunner(ModelArgs(dtype=dtype), CacheArgs(max_total_tokens=1024), 64, str(DATA / name))
 
 
 @pytest.mark.parametrize("name", WEIGHT_ONLY + WITH_ACTIVATIONS)

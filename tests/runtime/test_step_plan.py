@@ -8,7 +8,7 @@ from array import array
 
 import torch
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ServerArgs
 from arbor.runtime.kv.manager import KVManager, make_prefix_cache
 from arbor.runtime.kv.pool import PageAllocator, ReqToTokenPool
 from arbor.runtime.model.forward_batch import ForwardMode
@@ -25,7 +25,7 @@ def _admission(**flags) -> Admission:
     kv = KVManager(
         PageAllocator(1024, 1),
         ReqToTokenPool(8, CONTEXT, torch.device("cpu")),
-        make_prefix_cache(1, False),
+        make_prefix_cache(CacheArgs()),
     )
     return Admission(ServerArgs.from_flags(**flags).scheduler, kv, CONTEXT, SchedulerStats())
 

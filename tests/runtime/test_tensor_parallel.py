@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from arbor.runtime.config import ServerArgs
+from arbor.runtime.config import CacheArgs, ModelArgs
 from arbor.runtime.kv.pool import reserve_positions
 from arbor.runtime.model.forward_batch import ForwardBatch, ForwardMode
 from arbor.runtime.model.model_config import CheckpointError
@@ -42,8 +42,8 @@ def _rank(rank: int, size: int, port: int, path: str, out: str, backend: str) ->
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=size)
     try:
-        runner = ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=SLOTS, attention_backend=backend), path,
-                             tp=TensorParallel(rank, size), num_slots=SLOTS)
+        runner = ModelRunner(ModelArgs(dtype="float32", attention_backend=backend), CacheArgs(max_total_tokens=SLOTS), 64,
+                             path, tp=TensorParallel(rank, size), num_slots=SLOTS)
         logits = _logits(runner)
         if rank == 0:
             save_file({"logits": logits.contiguous()}, out)
@@ -62,7 +62,8 @@ def _free_port() -> int:
 def test_two_ranks_match_one(tmp_path: Path, kv_heads: int, tied: bool, backend: str) -> None:
     path = make_tiny_model(tmp_path / "model", TinySpec(layers=2, hidden=64, heads=4, kv_heads=kv_heads,
                                                         intermediate=96, tie_word_embeddings=tied))
-    single = _logits(ModelRunner(ServerArgs.from_flags(dtype="float32", max_total_tokens=SLOTS), str(path), num_slots=SLOTS))
+    single = _logits(ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=SLOTS), 64, str(path),
+                                 num_slots=SLOTS))
     out = tmp_path / "tp2.safetensors"
     mp.start_processes(_rank, args=(2, _free_port(), str(path), str(out), backend), nprocs=2, start_method="spawn")
     split = load_file(out)["logits"]
