@@ -39,6 +39,7 @@ MESSAGES_PER_STEP = 256  # a flood of bootstrap messages cannot stall the schedu
 @dataclass(eq=False)
 class _Held:
     req: Req
+    room: int  # the request's bootstrap room
     since: float
     peer: bytes = b""  # the decode worker's socket identity, once it pulled
     handle: Any = None
@@ -79,13 +80,14 @@ class PrefillSender(NullRole):
         if req.bootstrap is None or isinstance(req.finish_reason, FinishAbort):
             return False
         req.finish_reason = req.finish_reason or FinishLength(length=len(req.output_ids))
-        self.held[req.bootstrap.room] = _Held(req, time.monotonic())
+        self.held[req.bootstrap.room] = _Held(req, req.bootstrap.room, time.monotonic())
         return True
 
     def ended(self, req: Req) -> None:
         """A request that ended before its prefill did: a pull for it gets KVFailed."""
         if req.bootstrap is None or req.bootstrap.room in self.held:
             return
+        assert isinstance(req.finish_reason, FinishAbort)  # the scheduler calls `ended` for aborts only
         room, message = req.bootstrap.room, f"the prefill worker ended the request: {req.finish_reason.message}"
         self._forget(room, message)
         if room in self.pulls:
@@ -165,7 +167,7 @@ class PrefillSender(NullRole):
             return [self._done(h)]
         if state == "PROC" and now - h.started <= self.timeout:
             return []
-        room = h.req.bootstrap.room
+        room = h.room
         why = "failed" if state != "PROC" else f"did not finish within {self.timeout:g} s"
         message = f"the KV transfer of room {room} to the decode worker {why}"
         self.transfer.release(h.handle)
@@ -173,7 +175,7 @@ class PrefillSender(NullRole):
         return [self._end(h, message, 502)]
 
     def _done(self, h: _Held) -> Req:
-        del self.held[h.req.bootstrap.room]
+        del self.held[h.room]
         self.stats.kv_transfers += 1
         self.stats.kv_transfer_bytes += h.nbytes
         self.stats.kv_transfer_seconds += time.monotonic() - h.started
@@ -181,7 +183,7 @@ class PrefillSender(NullRole):
         return h.req
 
     def _end(self, h: _Held, message: str, status: int) -> Req:
-        room = h.req.bootstrap.room
+        room = h.room
         del self.held[room]
         self._forget(room, message)
         self.stats.kv_transfer_failures += 1
@@ -205,7 +207,7 @@ class PrefillSender(NullRole):
         """End held requests of `rid` whose transfer has not started (one in flight finishes)."""
         ended = []
         for h in [h for h in self.held.values() if rid in (h.req.rid, h.req.group) and h.handle is None]:
-            self._reply(h.peer, KVFailed(room=h.req.bootstrap.room, message="the prefill request was aborted"))
+            self._reply(h.peer, KVFailed(room=h.room, message="the prefill request was aborted"))
             ended.append(self._end(h, "aborted", 499))
         return ended
 
