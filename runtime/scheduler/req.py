@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from arbor.grammar.matcher import Matcher
 from arbor.radix.node import TreeNode
 from arbor.runtime.io.messages import Bootstrap, FinishReason, OutputOptions
 from arbor.runtime.sampling.params import SamplingParams
@@ -68,7 +69,7 @@ class Req:
     finish_reason: FinishReason | None = None
     constraint: Any = None  # grammar.Constraint of a constrained request
     grammar_future: Any = None  # Future of its CompiledGrammar while it compiles
-    matcher: Any = None  # its grammar's matcher once compiled (a ReasoningGate around it with `reasoning`)
+    matcher: Matcher | None = None  # its grammar's matcher once compiled (a ReasoningGate around it with `reasoning`)
     reasoning: Any = None  # messages.ReasoningMarkers: the constraint starts after the reasoning section
     grammar_too_slow: bool = False  # one mask took longer than --grammar-max-mask-ms: end it
     bootstrap: Bootstrap | None = None  # prefill/decode disaggregation: the KV's source and room
