@@ -124,7 +124,9 @@ def decode(scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[
         return tensors[key]
 
     if scheme.format == AWQ_GEMM:
-        return _decode_awq(tensors, shape, int(scheme.group_size), where)
+        if scheme.group_size is None:
+            raise CheckpointError(f"{where}: AWQ weights come in groups; the config gives no group_size")
+        return _decode_awq(tensors, shape, scheme.group_size, where)
     if scheme.format in (GPTQ_V1, GPTQ_V2):
         return _decode_gptq(tensors, shape, scheme, where)
     scale = need("weight_scale").float()
@@ -155,18 +157,26 @@ def decode(scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[
     return IntWeight(q.contiguous(), scale.contiguous(), zero, group, scheme.bits)
 
 
+def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Whether two act-order permutations are the same (None: no act-order)."""
+    if a is None or b is None:
+        return a is b
+    return torch.equal(a, b)
+
+
 def concat(parts: list[IntWeight | FloatWeight]) -> IntWeight | FloatWeight:
     """Row-wise concatenation of a fused layer's parts (same scheme each)."""
     if len(parts) == 1:
         return parts[0]
-    if isinstance(parts[0], FloatWeight):
-        return FloatWeight(torch.cat([p.w for p in parts]), torch.cat([p.scale for p in parts]))
-    zeros = [p.zero for p in parts]
-    zero = None if zeros[0] is None else torch.cat(zeros)
-    first = parts[0]
-    if any((p.perm is None) != (first.perm is None) or (p.perm is not None and not torch.equal(p.perm, first.perm))
-           for p in parts):
+    floats = [p for p in parts if isinstance(p, FloatWeight)]
+    if floats:
+        return FloatWeight(torch.cat([p.w for p in floats]), torch.cat([p.scale for p in floats]))
+    ints = [p for p in parts if isinstance(p, IntWeight)]
+    zeros = [p.zero for p in ints if p.zero is not None]
+    zero = torch.cat(zeros) if zeros else None
+    first = ints[0]
+    if not all(_same_order(p.perm, first.perm) for p in ints):
         raise CheckpointError("the act-order layers fused into one (q/k/v or gate/up) order their columns "
                               "differently; Arbor fuses them, so their g_idx must match")
-    return IntWeight(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), zero, first.group,
+    return IntWeight(torch.cat([p.q for p in ints]), torch.cat([p.scale for p in ints]), zero, first.group,
                      first.bits, first.perm)

@@ -19,6 +19,7 @@ Triton GEMM `kernels/woq_matmul.py` (W8A8 on x rounded to int8 per row).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -83,6 +84,8 @@ class QuantLinear(LinearLayer):
     gate/up): `weight_loader` stages each checkpoint tensor (its bias loads at once), and
     `finish_loading` decodes the parts into one weight. One rank only (no tensor parallelism)."""
 
+    weight: QuantWeight  # the parts fused, once `finish_loading` has decoded them
+
     def __init__(self, in_features: int, out_features: int, bias: bool, scheme: WeightScheme,
                  parts: list[tuple[ShardId, int, int]]) -> None:
         super().__init__()
@@ -90,8 +93,7 @@ class QuantLinear(LinearLayer):
         self.parts = parts  # (shard id, first row, rows) of each checkpoint layer fused into this one
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.staged: dict[ShardId, dict[str, torch.Tensor]] = {}
-        self.weight: QuantWeight | None = None
-        self.ops = None
+        self.ops: Any = None  # Arbor's CPU kernels (cpu_ops.load()) where the weight is on a CPU
         self.kernel_rows = SMALL_BATCH  # rows of x up to which woq_linear serves (set by `finish_loading`)
         self.direct = False  # woq_linear takes x as it comes: no activation rounding, no act-order
 
