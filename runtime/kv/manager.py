@@ -117,6 +117,7 @@ class KVManager:
         if aligned:
             self.req_to_token.table[req.row, :aligned] = torch.frombuffer(match.indices, dtype=torch.int32)
         self.cache.lock(match.last_node)
+        assert req.last_node is not None  # an attached request holds a lock
         self.cache.unlock(req.last_node)
         req.last_node = match.last_node
         req.tree_len = aligned
@@ -125,6 +126,7 @@ class KVManager:
         """Detach `req`: cache what it computed, free its private slots and its row."""
         table = self.req_to_token.table
         aligned = self._insert(req)
+        assert req.last_node is not None  # an attached request holds a lock
         self.cache.unlock(req.last_node)
         if req.mapped_len > aligned:
             self.allocator.free_slots(table[req.row, aligned : req.mapped_len].to(torch.int64))
@@ -148,7 +150,7 @@ class KVManager:
             self.allocator.free_slots(dup)
         return aligned
 
-    def _free_array(self, slots: array) -> None:
+    def _free_array(self, slots: array[int]) -> None:
         self.allocator.free_slots(torch.frombuffer(slots, dtype=torch.int32).to(torch.int64))
 
     # ------------------------------------------------------------ integrity

@@ -179,6 +179,7 @@ class TorchAttnBackend(AttentionBackend):
                     q_pad.transpose(1, 2), k_own.transpose(1, 2).to(q.dtype), v_own.transpose(1, 2).to(q.dtype),
                     attn_mask=mask, is_causal=g.fresh, scale=self.scale, enable_gqa=True,
                 ).transpose(1, 2)
+                assert final is not None  # allocated when any group uses SDPA
                 final.index_copy_(0, g.tokens, o.flatten(0, 1).index_select(0, g.padded))
                 continue
             o, s = attend_with_lse(q_pad, k_own, v_own, g.bias, self.scale)
@@ -203,6 +204,7 @@ class TorchAttnBackend(AttentionBackend):
         """The kernel rows' attention (output and lse, float32), starting from `prior` (their
         shared prefix's part) where given; q holds just their tokens."""
         kr = self.kernel
+        assert kr is not None and self.ops is not None  # called only when this batch has kernel rows
         po, pl = (None, None) if prior is None else (prior[0].contiguous(), prior[1].contiguous())
         return self.ops.paged_attention(q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table,
                                         kr.req_rows, kr.kv_start, kr.seq_lens, kr.qo_indptr, self.scale, po, pl)
