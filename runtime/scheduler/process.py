@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch.distributed
 import zmq
@@ -83,7 +84,7 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
         ctx.term()
 
 
-def _report(ctx: zmq.Context, endpoints: dict[str, str], exc: Exception) -> None:
+def _report(ctx: zmq.Context[zmq.Socket[bytes]], endpoints: dict[str, str], exc: Exception) -> None:
     """Send a failure straight to the front door (bound before any child starts), waiting
     up to 2 s for it to leave."""
     front = Pusher(ctx, endpoints["front"])
@@ -96,6 +97,7 @@ def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int, heartbeat: 
     checked_idle = True
     while True:
         heartbeat.beat()
+        msgs: list[Any] | None
         if sched.busy:
             msgs = inbox.drain()
         elif sched.has_work:  # only grammars compiling: poll, do not spin
@@ -130,7 +132,7 @@ def _loop(sched: Scheduler, inbox: Puller, out: Pusher, parent: int, heartbeat: 
                 logger.error("INVARIANT VIOLATED: %s", problem)
 
 
-def _wait(inbox: Puller, parent: int, others: list[zmq.Socket], heartbeat: Heartbeat) -> list | None:
+def _wait(inbox: Puller, parent: int, others: list[zmq.Socket[bytes]], heartbeat: Heartbeat) -> list[Any] | None:
     """Block until messages arrive (an empty list when only `others`, the scheduler's own
     sockets, have some); None once the parent process is gone. Idle is progress: it beats."""
     poller = zmq.Poller()

@@ -79,7 +79,7 @@ def init_rank(parallel: ParallelArgs, device: str, rank: int, port: int) -> Tens
 class TpLeader:
     """Rank 0's side: sends each forward batch to every other rank."""
 
-    def __init__(self, ctx: zmq.Context, endpoints: dict[str, str], size: int) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoints: dict[str, str], size: int) -> None:
         self.peers = [Pusher(ctx, endpoints[tp_endpoint(r)]) for r in range(1, size)]
 
     def setup(self, num_slots: int) -> None:
@@ -107,11 +107,13 @@ def rebuild(msg: TpBatch, runner: ModelRunner) -> ForwardBatch:
     request-to-slot table, so the attention reads the same slots rank 0 does."""
     device = runner.device
     flat = torch.from_numpy(np.frombuffer(msg.data, dtype=np.int64).copy()).to(device)
-    parts = dict(zip((*FIELDS, "kv_indices"), flat.split(msg.sizes)))
+    parts = dict(zip((*FIELDS, "kv_indices"), torch.split(flat, msg.sizes)))
     seq = parts["seq_lens"]
     table = runner.req_to_token.table
     table[ragged_cells(parts["req_pool_indices"], torch.zeros_like(seq), seq)] = parts["kv_indices"].to(table.dtype)
-    return ForwardBatch(mode=ForwardMode(msg.mode), **{f: parts[f] for f in FIELDS},
+    return ForwardBatch(mode=ForwardMode(msg.mode), input_ids=parts["input_ids"], positions=parts["positions"],
+                        out_cache_loc=parts["out_cache_loc"], req_pool_indices=parts["req_pool_indices"],
+                        seq_lens=seq, prefix_lens=parts["prefix_lens"], extend_lens=parts["extend_lens"],
                         qo_indptr=indptr(parts["extend_lens"]), kv_indptr=indptr(seq), req_to_token=table,
                         return_all_logits=msg.all_logits)
 
@@ -143,7 +145,7 @@ def run_follower(args: ServerArgs, model_path: str, endpoints: dict[str, str], r
 def _next(inbox: Puller, parent: int) -> TpMsg | None:
     """The next message from rank 0; None once the parent process is gone."""
     while True:
-        msg = inbox.recv(timeout_ms=IDLE_POLL_MS)
+        msg: TpMsg | None = inbox.recv(timeout_ms=IDLE_POLL_MS)
         if msg is not None:
             return msg
         if os.getppid() != parent:
