@@ -36,9 +36,21 @@ def checkout(rev: str, base: Path) -> Path:
     return link
 
 
+def env_of(tree: Path) -> dict[str, str]:
+    """`tree` first on the path as `arbor`, with its own C++ kernel build folder: torch rebuilds
+    an extension whose sources moved, so two trees sharing one folder would rebuild each round."""
+    return os.environ | {"PYTHONPATH": str(tree.parent), "TORCH_EXTENSIONS_DIR": str(tree.parent / "torch_ext")}
+
+
+def build_kernels(tree: Path) -> None:
+    """Build the tree's C++ kernels before anything is timed."""
+    code = "from arbor.kernels.cpu_ops import load; assert load() is not None"
+    subprocess.run([sys.executable, "-c", code], check=True, env=env_of(tree), cwd=tree.parent)
+
+
 def run(tree: Path, script: str, args: list[str]) -> None:
     """Run one benchmark script of `tree` with that tree imported as `arbor`."""
-    env = os.environ | {"PYTHONPATH": str(tree.parent)}
+    env = env_of(tree)
     cmd = [sys.executable, str(tree / "benchmarks" / script), *args]
     print(f"$ PYTHONPATH={tree.parent} {' '.join(cmd)}", flush=True)
     subprocess.run(cmd, check=True, env=env, cwd=tree)
@@ -74,6 +86,8 @@ def main() -> None:
         sides = {"before": checkout(args.before, base), "after": checkout(args.after, base)}
         rows: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
         try:
+            for tree in sides.values():
+                build_kernels(tree)
             for i in range(args.rounds):
                 for side, tree in sides.items():
                     print(f"\n== round {i + 1}/{args.rounds}: {side}", flush=True)
