@@ -38,7 +38,7 @@ class GrammarManager:
                                      memory_mb=grammar.max_memory_mb, cache_mb=grammar.cache_mb,
                                      cache_dir=grammar.cache_dir, max_pending=grammar.max_pending)
         self._setup_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-setup")
-        self._setup: Future = self._setup_pool.submit(self._build, tokenizer_path, eos_ids, logits_size)
+        self._setup: Future[None] = self._setup_pool.submit(self._build, tokenizer_path, eos_ids, logits_size)
         self.compiler: GrammarCompiler | None = None
         self.retokenizer: Retokenizer | None = None
 
@@ -49,11 +49,11 @@ class GrammarManager:
         self.compiler = GrammarCompiler(vocab, self.config,
                                         encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
 
-    def submit(self, constraint: Constraint) -> Future:
+    def submit(self, constraint: Constraint) -> Future[CompiledConstraint]:
         """A Future of the compiled grammar (exception: a message for the user)."""
-        out: Future = Future()
+        out: Future[CompiledConstraint] = Future()
 
-        def start(setup: Future) -> None:
+        def start(setup: Future[None]) -> None:
             if setup.exception() is not None:
                 out.set_exception(setup.exception())
                 return
@@ -99,6 +99,7 @@ class GrammarManager:
         mask = np.empty((len(rows), self.compiler.tables.words), dtype=np.int32)
         for j, i in enumerate(rows):
             matcher = reqs[i].matcher
+            assert matcher is not None  # rows are the constrained requests
             remaining = reqs[i].remaining_new_tokens - len(ahead[i])
             moved = bool(ahead[i]) and matcher.accept_tokens(ahead[i])
             start = time.perf_counter()
@@ -120,6 +121,7 @@ class GrammarManager:
         """The longest run of `guesses` the request's grammar accepts from where it stands
         (none once the output is complete: only EOS may follow, and the mask gives it)."""
         matcher = req.matcher
+        assert matcher is not None  # only a constrained request has guesses to check here
         if matcher.is_terminated():
             return []
         n = 0
@@ -134,6 +136,7 @@ class GrammarManager:
         the grammar forces text. Returns the abort if the token was not allowed or the
         grammar's masks take too long."""
         matcher = req.matcher
+        assert matcher is not None  # only a constrained request advances a grammar
         if req.grammar_too_slow:
             return FinishAbort(status_code=400, message=(
                 f"the grammar took longer than {self.max_mask_s * 1e3:g} ms to write one step's token mask (an "
@@ -167,6 +170,7 @@ class GrammarManager:
         """Tokens for `prefix` + the forced bytes of the matcher's state, at most `room`."""
         # Trailing spaces stay unforced: tokenizers glue a space to the word after it (" 6",
         # "▁6"), so the model samples that token instead of a lone space.
+        assert req.matcher is not None
         forced = req.matcher.forced_bytes().rstrip(b" ")
         if not forced or room <= 0:
             return []
@@ -174,7 +178,7 @@ class GrammarManager:
         return self.retokenizer.encode(prefix + forced)[:room]
 
     def _append_forced(self, req: Req, tokens: list[int], first_logprob: float | None = None,
-                       first_top: list | None = None) -> None:
+                       first_top: list[tuple[float, int]] | None = None) -> None:
         """Append forced tokens; their logprob is 0 (probability 1 under the grammar)."""
         for i, tok in enumerate(tokens):
             req.output_ids.append(tok)
@@ -184,7 +188,7 @@ class GrammarManager:
                     req.top_logprobs.append(first_top if i == 0 and first_top is not None else [(0.0, tok)])
 
 
-def _copy_result(src: Future, dst: Future) -> None:
+def _copy_result(src: Future[CompiledConstraint], dst: Future[CompiledConstraint]) -> None:
     if src.exception() is not None:
         dst.set_exception(src.exception())
     else:

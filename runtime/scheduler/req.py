@@ -37,7 +37,7 @@ class Req:
     """
 
     rid: str
-    origin_ids: array
+    origin_ids: array[int]
     params: SamplingParams
     group: str = ""  # the rid the client sent; the n samples of one request share it
     stream: bool = False
@@ -79,7 +79,7 @@ class Req:
         """Prompt + output tokens."""
         return len(self.origin_ids) + len(self.output_ids)
 
-    def fill_ids(self) -> array:
+    def fill_ids(self) -> array[int]:
         """Every token whose KV a prefill must produce: the prompt and, after a retraction,
         the output so far."""
         return self.origin_ids + array("i", self.output_ids)

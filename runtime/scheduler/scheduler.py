@@ -146,13 +146,15 @@ class Scheduler:
             assert self.grammar is not None
             self.grammar.start(req, future.result())
             self.stats.forced_tokens += len(req.output_ids)
-            least = req.matcher.distance() if req.matcher.budget_aware else 0
+            matcher = req.matcher
+            assert matcher is not None  # `start` gave it one
+            least = matcher.distance() if matcher.budget_aware else 0
             if least > req.remaining_new_tokens:
                 req.finish_reason = FinishAbort(status_code=400, message=(
                     f"max_new_tokens {req.params.max_new_tokens} is below the {len(req.output_ids) + least} tokens "
                     f"this constraint needs at the least; raise it (max_tokens) to {len(req.output_ids) + least} "
                     "or more, or send budget_aware=false"))
-            elif req.matcher.is_terminated():
+            elif matcher.is_terminated():
                 req.finish_reason = FinishStop()
             elif req.remaining_new_tokens == 0:
                 req.finish_reason = FinishLength(length=len(req.output_ids))
@@ -196,7 +198,7 @@ class Scheduler:
         """Decode worker: requests queued for slots or waiting for their KV (load the router reads)."""
         return self.pd.awaiting
 
-    def wake_sockets(self) -> list[zmq.Socket]:
+    def wake_sockets(self) -> list[zmq.Socket[bytes]]:
         """Sockets besides the inbox whose messages need a step (a prefill worker's bootstrap port)."""
         return self.pd.sockets
 
@@ -403,7 +405,7 @@ class Scheduler:
 
     def _grammar_step(self, req: Req, tok: int) -> FinishReason | None:
         """Advance the request's grammar (maybe jumping forward); a finish reason if it ends."""
-        assert self.grammar is not None
+        assert self.grammar is not None and req.matcher is not None
         before = len(req.output_ids)
         abort = self.grammar.advance(req, tok)
         if abort is not None:
