@@ -28,8 +28,9 @@ WORKLOADS = ("W1", "W2", "chat")
 def checkout(rev: str, base: Path) -> Path:
     """A worktree of `rev` reachable as the package `arbor`: base/rev/arbor -> the tree."""
     tree = base / f"tree-{rev.replace('/', '_')}"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), rev],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), rev], check=True, capture_output=True
+    )
     link = base / f"path-{rev.replace('/', '_')}" / "arbor"
     link.parent.mkdir()
     link.symlink_to(tree)
@@ -95,8 +96,11 @@ def main() -> None:
                         rows[side].setdefault(key, []).append(value)
         finally:
             for tree in sides.values():
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree.resolve())],
-                               check=False, capture_output=True)
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree.resolve())],
+                    check=False,
+                    capture_output=True,
+                )
     result = {"before": args.before, "after": args.after, "rounds": args.rounds, "runs": rows}
     report(result)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -106,13 +110,15 @@ def main() -> None:
 
 def medians(result: dict[str, Any]) -> list[tuple[str, float, float]]:
     runs = result["runs"]
-    return [(key, statistics.median(runs["before"][key]), statistics.median(runs["after"][key]))
-            for key in runs["before"] if key in runs["after"]]
+    return [
+        (key, statistics.median(runs["before"][key]), statistics.median(runs["after"][key]))
+        for key in runs["before"]
+        if key in runs["after"]
+    ]
 
 
 def report(result: dict[str, Any]) -> None:
-    print(f"\nbefore = {result['before']}, after = {result['after']}, median of {result['rounds']} "
-          "interleaved rounds")
+    print(f"\nbefore = {result['before']}, after = {result['after']}, median of {result['rounds']} interleaved rounds")
     print(f"{'measure':>22} {'before':>10} {'after':>10} {'after/before':>13}")
     for key, before, after in medians(result):
         print(f"{key:>22} {before:>10.1f} {after:>10.1f} {after / before:>13.3f}")

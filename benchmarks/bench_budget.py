@@ -58,9 +58,17 @@ def minimum(engine: Engine, schema: dict) -> int | None:
 
 
 def run(engine: Engine, schemas: list[tuple[dict, int]], budget: str, aware: bool, seeds: int) -> dict[str, Any]:
-    params = [{"json_schema": s, "temperature": 1.0, "seed": seed, "budget_aware": aware,
-               "max_new_tokens": 128 if budget == "128" else least * int(budget[:-1])}
-              for s, least in schemas for seed in range(seeds)]
+    params = [
+        {
+            "json_schema": s,
+            "temperature": 1.0,
+            "seed": seed,
+            "budget_aware": aware,
+            "max_new_tokens": 128 if budget == "128" else least * int(budget[:-1]),
+        }
+        for s, least in schemas
+        for seed in range(seeds)
+    ]
     t = time.perf_counter()
     outs = engine.generate(["Answer in JSON:"] * len(params), sampling_params=params, progress=False)
     wall = time.perf_counter() - t
@@ -81,11 +89,19 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=10)
     args = ap.parse_args()
     dtype = dtype_name()
-    with Engine(str(builtin_model_path()), dtype=dtype, max_running_requests=128, grammar_compile_timeout_s=30) as engine:
-        schemas = [(s, m) for s in enforced_schemas(args.every)
-                   if (m := minimum(engine, s)) is not None and m <= MAX_MINIMUM]
-        result: dict[str, Any] = {"schemas": len(schemas), "seeds": args.seeds, "dtype": dtype,
-                                  "minimum_p50": sorted(m for _, m in schemas)[len(schemas) // 2], "runs": {}}
+    with Engine(
+        str(builtin_model_path()), dtype=dtype, max_running_requests=128, grammar_compile_timeout_s=30
+    ) as engine:
+        schemas = [
+            (s, m) for s in enforced_schemas(args.every) if (m := minimum(engine, s)) is not None and m <= MAX_MINIMUM
+        ]
+        result: dict[str, Any] = {
+            "schemas": len(schemas),
+            "seeds": args.seeds,
+            "dtype": dtype,
+            "minimum_p50": sorted(m for _, m in schemas)[len(schemas) // 2],
+            "runs": {},
+        }
         for budget in BUDGETS:
             for aware in (True, False):
                 result["runs"][f"{budget} {'on' if aware else 'off'}"] = run(engine, schemas, budget, aware, args.seeds)
@@ -96,8 +112,10 @@ def main() -> None:
 
 
 def report(r: dict[str, Any]) -> None:
-    print(f"\n{r['schemas']} JSONSchemaBench schemas x {r['seeds']} seeds, temperature 1, tiny random checkpoint, "
-          f"{r['dtype']} (median minimum {r['minimum_p50']} tokens)")
+    print(
+        f"\n{r['schemas']} JSONSchemaBench schemas x {r['seeds']} seeds, temperature 1, tiny random checkpoint, "
+        f"{r['dtype']} (median minimum {r['minimum_p50']} tokens)"
+    )
     print("| budget | valid, budget-aware | valid, off | tok/s on | tok/s off |")
     print("|---|---|---|---|---|")
     for budget in BUDGETS:
@@ -115,8 +133,12 @@ def chart(r: dict[str, Any]) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = range(len(BUDGETS))
     for i, mode in enumerate(("on", "off")):
-        ax.bar([x + i * 0.4 for x in xs], [r["runs"][f"{b} {mode}"]["valid"] * 100 for b in BUDGETS], 0.4,
-               label=f"budget-aware {mode}")
+        ax.bar(
+            [x + i * 0.4 for x in xs],
+            [r["runs"][f"{b} {mode}"]["valid"] * 100 for b in BUDGETS],
+            0.4,
+            label=f"budget-aware {mode}",
+        )
     ax.set_xticks([x + 0.2 for x in xs], [f"{b} min" if b.endswith("x") else f"{b} tok" for b in BUDGETS])
     ax.set_ylabel("outputs that parse and validate (%)")
     ax.set_title(f"JSON within max_new_tokens: {r['schemas']} schemas x {r['seeds']} seeds, temperature 1")

@@ -48,14 +48,19 @@ def run(model: Path, programs: int, branches: int, tokens: int, context_words: i
         for p in range(programs):
             context = " ".join(f"fact{p}_{i}" for i in range(context_words))
             t0 = time.perf_counter()
-            state = fork_program.run(context=context, branches=branches, tokens=tokens, backend=backend,
-                                     temperature=1.0, ignore_eos=True)
+            state = fork_program.run(
+                context=context, branches=branches, tokens=tokens, backend=backend, temperature=1.0, ignore_eos=True
+            )
             seconds.append(time.perf_counter() - t0)
             metas = [f.get_meta_info("answer") for f in state["forks"]]
             cached += [m["cached_tokens"] for m in metas]
             prompt += [m["prompt_tokens"] for m in metas]
-        return {"seconds_median": statistics.median(seconds), "seconds": seconds,
-                "branch_cached_min": min(cached), "branch_prompt_median": statistics.median(prompt)}
+        return {
+            "seconds_median": statistics.median(seconds),
+            "seconds": seconds,
+            "branch_cached_min": min(cached),
+            "branch_prompt_median": statistics.median(prompt),
+        }
     finally:
         stop_server(proc)
 
@@ -86,8 +91,12 @@ def main() -> None:
     if not (model / "config.json").exists():
         make_tiny_model(model, SPEC)
     base = (args.programs, args.branches, args.tokens, args.context_words)
-    result: dict[str, Any] = {"branches": args.branches, "tokens": args.tokens,
-                              "cache_on": run(model, *base), "cache_off": run(model, *base, "--disable-radix-cache")}
+    result: dict[str, Any] = {
+        "branches": args.branches,
+        "tokens": args.tokens,
+        "cache_on": run(model, *base),
+        "cache_off": run(model, *base, "--disable-radix-cache"),
+    }
     on, off = result["cache_on"], result["cache_off"]
     result["speedup"] = off["seconds_median"] / on["seconds_median"]
     print(f"{'run':<10}{'s/program':>10}{'branch prompt':>15}{'min cached/branch':>19}")

@@ -55,25 +55,40 @@ def main() -> None:
             ids = torch.randint(0, 50257, (b, args.prompt_len), generator=torch.Generator().manual_seed(b))
 
             def arbor(n: int, ids=ids) -> None:
-                engine.generate(input_ids=ids.tolist(), sampling_params={"max_new_tokens": n, "temperature": 0, "ignore_eos": True})
+                engine.generate(
+                    input_ids=ids.tolist(), sampling_params={"max_new_tokens": n, "temperature": 0, "ignore_eos": True}
+                )
 
             def reference(n: int, ids=ids) -> None:
                 with torch.no_grad():
-                    hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                pad_token_id=50256, attention_mask=torch.ones_like(ids))
+                    hf.generate(
+                        ids,
+                        max_new_tokens=n,
+                        min_new_tokens=n,
+                        do_sample=False,
+                        pad_token_id=50256,
+                        attention_mask=torch.ones_like(ids),
+                    )
 
             ours = _decode_rate(arbor, b, args.new_tokens, args.repeats)
             theirs = _decode_rate(reference, b, args.new_tokens, args.repeats)
             rows.append({"batch": b, "arbor_tok_s": ours, "transformers_tok_s": theirs, "ratio": ours / theirs})
-    print(f"decode tokens/s, {spec.layers} layers, hidden {spec.hidden}, {args.dtype}, prompt {args.prompt_len}, "
-          f"{args.new_tokens} new tokens, median of {args.repeats}")
+    print(
+        f"decode tokens/s, {spec.layers} layers, hidden {spec.hidden}, {args.dtype}, prompt {args.prompt_len}, "
+        f"{args.new_tokens} new tokens, median of {args.repeats}"
+    )
     print(f"{'batch':>6} {'arbor':>10} {'transformers':>13} {'ratio':>7}")
     for r in rows:
         print(f"{r['batch']:>6} {r['arbor_tok_s']:>10.1f} {r['transformers_tok_s']:>13.1f} {r['ratio']:>6.2f}x")
     OUT.mkdir(parents=True, exist_ok=True)
-    meta = {"spec": {"layers": spec.layers, "hidden": spec.hidden, "heads": spec.heads, "kv_heads": spec.kv_heads},
-            "dtype": args.dtype, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-            "threads": torch.get_num_threads(), "rows": rows}
+    meta = {
+        "spec": {"layers": spec.layers, "hidden": spec.hidden, "heads": spec.heads, "kv_heads": spec.kv_heads},
+        "dtype": args.dtype,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+    }
     (OUT / "bench_forward.json").write_text(json.dumps(meta, indent=2))
     _chart(rows)
 

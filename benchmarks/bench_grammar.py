@@ -61,8 +61,12 @@ def peer_compile(path: Path, timeout: float, memory_mb: int, vocab_file: str) ->
     """Plain outlines-core's compile time of one schema, in a child process; None if it
     failed or timed out."""
     try:
-        run = subprocess.run([sys.executable, "-c", PEER_CHILD, str(path), str(memory_mb), vocab_file],
-                             capture_output=True, text=True, timeout=timeout + 15)
+        run = subprocess.run(
+            [sys.executable, "-c", PEER_CHILD, str(path), str(memory_mb), vocab_file],
+            capture_output=True,
+            text=True,
+            timeout=timeout + 15,
+        )
     except subprocess.TimeoutExpired:
         return None
     if run.returncode != 0 or not run.stdout.strip():
@@ -75,8 +79,9 @@ def canonical(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
-def coverage(families: dict[str, Family], files: list[Path], timeout: float, peer: bool, vocab_file: str,
-             walks: int) -> dict[str, Any]:
+def coverage(
+    families: dict[str, Family], files: list[Path], timeout: float, peer: bool, vocab_file: str, walks: int
+) -> dict[str, Any]:
     """JSONSchemaBench per backend: compile rate and time, output validity, instance acceptance."""
     import jsonschema
 
@@ -104,18 +109,22 @@ def coverage(families: dict[str, Family], files: list[Path], timeout: float, pee
         done = [c for c in cells if c["s"] is not None]
         ended = sum(c["ended"] for c in done)
         n_inst = sum(c["instances"] for c in done)
-        summary[backend] = {"compiled": len(times) / len(rows), **_pcts(times),
-                            "walks_ended": ended / max(walks * len(done), 1),
-                            "valid_outputs": sum(c["valid"] for c in done) / max(ended, 1),
-                            "instances_accepted": sum(c["accepted"] for c in done) / max(n_inst, 1)}
+        summary[backend] = {
+            "compiled": len(times) / len(rows),
+            **_pcts(times),
+            "walks_ended": ended / max(walks * len(done), 1),
+            "valid_outputs": sum(c["valid"] for c in done) / max(ended, 1),
+            "instances_accepted": sum(c["accepted"] for c in done) / max(n_inst, 1),
+        }
     if peer:
         times = [r["outlines_core_s"] for r in rows if r.get("outlines_core_s") is not None]
         summary["outlines_core"] = {"compiled": len(times) / len(rows), **_pcts(times)}
     return {"summary": summary, "rows": rows}
 
 
-def _one_backend(family: Family, backend: str, schema: Any, validator: Any, valid: list[Any],
-                 walks: int) -> dict[str, Any]:
+def _one_backend(
+    family: Family, backend: str, schema: Any, validator: Any, valid: list[Any], walks: int
+) -> dict[str, Any]:
     """Compile one schema on one backend; walk it; feed it the sample's valid instances."""
     import jsonschema
 
@@ -151,8 +160,13 @@ def mask_cost(families: dict[str, Family], walks: int) -> dict[str, Any]:
     """Per-token mask time along identical token sequences, per backend (µs)."""
     import outlines_core
 
-    out: dict[str, list[float]] = {"outlines": [], "outlines_warm": [], "outlines_core": [], "xgrammar": [],
-                                   "llguidance": []}
+    out: dict[str, list[float]] = {
+        "outlines": [],
+        "outlines_warm": [],
+        "outlines_core": [],
+        "xgrammar": [],
+        "llguidance": [],
+    }
     base = families["outlines"]
     voc = base.vocab.outlines()
     row = np.zeros(-(-base.vocab.logits_size // 32), dtype=np.int32)
@@ -166,8 +180,12 @@ def mask_cost(families: dict[str, Family], walks: int) -> dict[str, Any]:
             continue
         for seed in range(walks):
             ids = _walk_ids(base, params, seed)
-            labels = [("outlines", "outlines"), ("outlines", "outlines_warm"), ("xgrammar", "xgrammar"),
-                      ("llguidance", "llguidance")]  # outlines twice: first visits build masks, then hits
+            labels = [
+                ("outlines", "outlines"),
+                ("outlines", "outlines_warm"),
+                ("xgrammar", "xgrammar"),
+                ("llguidance", "llguidance"),
+            ]  # outlines twice: first visits build masks, then hits
             for backend, label in labels:
                 if backend in grammars:
                     _time_masks(grammars[backend].matcher(), ids, row, out[label])
@@ -191,8 +209,12 @@ def _time_masks(matcher: Any, ids: list[int], row: np.ndarray, into: list[float]
 
 
 def _us(xs: list[float]) -> dict[str, float]:
-    return {"tokens": len(xs), "mean_us": float(np.mean(xs)), "p50_us": float(np.percentile(xs, 50)),
-            "p99_us": float(np.percentile(xs, 99))}
+    return {
+        "tokens": len(xs),
+        "mean_us": float(np.mean(xs)),
+        "p50_us": float(np.percentile(xs, 50)),
+        "p99_us": float(np.percentile(xs, 99)),
+    }
 
 
 def _walk_ids(family: Family, params: dict, seed: int) -> list[int]:
@@ -221,8 +243,10 @@ def end_to_end(requests: int, names: list[str], dtype: str) -> dict[str, Any]:
     model = Path(tempfile.gettempdir()) / "arbor-bench-grammar-model"
     if not (model / "config.json").exists():
         make_tiny_model(model, TinySpec(arch="llama", layers=8, hidden=512, heads=8, kv_heads=4))
-    params = [{"json_schema": SCHEMAS[names[i % len(names)]], "temperature": 1.0, "seed": i,
-               "max_new_tokens": 400} for i in range(requests)]
+    params = [
+        {"json_schema": SCHEMAS[names[i % len(names)]], "temperature": 1.0, "seed": i, "max_new_tokens": 400}
+        for i in range(requests)
+    ]
     prompts = [f"Reply in JSON ({i}):" for i in range(requests)]
     distinct = min(len(names), requests)
     result: dict[str, Any] = {}
@@ -230,15 +254,15 @@ def end_to_end(requests: int, names: list[str], dtype: str) -> dict[str, Any]:
     for label, server_args in runs:
         print(f"  {label}", file=sys.stderr)
         run, lengths = _timed_run(model, prompts, params, distinct, dtype=dtype, **server_args)
-        free = [{"temperature": 1.0, "seed": i, "max_new_tokens": n, "ignore_eos": True}
-                for i, n in enumerate(lengths)]
+        free = [{"temperature": 1.0, "seed": i, "max_new_tokens": n, "ignore_eos": True} for i, n in enumerate(lengths)]
         run["free_tok_s"] = _timed_run(model, prompts, free, 4, dtype=dtype)[0]["tok_s"]
         result[label] = run
     return result
 
 
-def _timed_run(model: Path, prompts: list[str], params: list[dict], warm: int, **server_args: Any
-               ) -> tuple[dict[str, Any], list[int]]:
+def _timed_run(
+    model: Path, prompts: list[str], params: list[dict], warm: int, **server_args: Any
+) -> tuple[dict[str, Any], list[int]]:
     """One Engine run after `warm` warm-up requests (which compile their grammars):
     (summary, per-request completion lengths)."""
     from arbor.runtime.engine import Engine
@@ -252,9 +276,13 @@ def _timed_run(model: Path, prompts: list[str], params: list[dict], warm: int, *
         after = e.stats()
     lengths = [o["meta_info"]["completion_tokens"] for o in outs]
     tokens = sum(lengths)
-    return {"tokens": tokens, "seconds": wall, "tok_s": tokens / wall,
-            "forced_share": (after["forced_tokens"] - before["forced_tokens"]) / tokens,
-            "decode_steps": after["decode_steps"] - before["decode_steps"]}, lengths
+    return {
+        "tokens": tokens,
+        "seconds": wall,
+        "tok_s": tokens / wall,
+        "forced_share": (after["forced_tokens"] - before["forced_tokens"]) / tokens,
+        "decode_steps": after["decode_steps"] - before["decode_steps"],
+    }, lengths
 
 
 def main() -> None:
@@ -274,17 +302,20 @@ def main() -> None:
     families = {b: Family(tokenizer, b) for b in BACKENDS}
     for backend, family in families.items():  # one worker each, the bench's time limit
         family.compiler.close()
-        family.compiler = GrammarCompiler(family.vocab, CompilerConfig(backend=backend, workers=1,
-                                                                       timeout_s=args.timeout),
-                                          encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
+        family.compiler = GrammarCompiler(
+            family.vocab,
+            CompilerConfig(backend=backend, workers=1, timeout_s=args.timeout),
+            encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        )
     files = sorted(BENCH.glob("*.json"))
     if args.sample:
         files = files[:: args.sample]
     with tempfile.NamedTemporaryFile(suffix=".vocab") as vf:
         vf.write(families["outlines"].vocab.outlines().__reduce__()[1][0])
         vf.flush()
-        result: dict[str, Any] = {"coverage": coverage(families, files, args.timeout, not args.no_peers, vf.name,
-                                                             args.walks)}
+        result: dict[str, Any] = {
+            "coverage": coverage(families, files, args.timeout, not args.no_peers, vf.name, args.walks)
+        }
     print("mask timing", file=sys.stderr)
     result["mask"] = mask_cost(families, args.walks)
     names = common_schemas(families)
@@ -307,26 +338,42 @@ def _fmt(x: float | None, scale: float = 1.0, digits: int = 2) -> str:
 def report(r: dict[str, Any]) -> None:
     s = r["coverage"]["summary"]
     print(f"\nJSONSchemaBench sample: {s['schemas']} schemas, compile limit per schema as given")
-    print(f"{'system':<14} {'compiled':>9} {'p50 s':>8} {'p90 s':>8} {'walks ended':>12} {'valid':>7} {'instances':>10}")
+    print(
+        f"{'system':<14} {'compiled':>9} {'p50 s':>8} {'p90 s':>8} {'walks ended':>12} {'valid':>7} {'instances':>10}"
+    )
     for system in (*BACKENDS, "outlines_core"):
         if system not in s:
             continue
         v = s[system]
-        tail = (f"{v['walks_ended'] * 100:>11.1f}% {v['valid_outputs'] * 100:>6.1f}% "
-                f"{v['instances_accepted'] * 100:>9.1f}%") if "walks_ended" in v else ""
-        print(f"{system:<14} {v['compiled'] * 100:>8.1f}% {_fmt(v['p50_s'], digits=3):>8} "
-              f"{_fmt(v['p90_s'], digits=3):>8} {tail}")
+        tail = (
+            (
+                f"{v['walks_ended'] * 100:>11.1f}% {v['valid_outputs'] * 100:>6.1f}% "
+                f"{v['instances_accepted'] * 100:>9.1f}%"
+            )
+            if "walks_ended" in v
+            else ""
+        )
+        print(
+            f"{system:<14} {v['compiled'] * 100:>8.1f}% {_fmt(v['p50_s'], digits=3):>8} "
+            f"{_fmt(v['p90_s'], digits=3):>8} {tail}"
+        )
     print(f"\nper-token mask cost (µs) along the same token sequences, {len(SCHEMAS)} hand-written schemas")
     print(f"{'system':<14} {'tokens':>7} {'mean':>8} {'p50':>8} {'p99':>8}")
     for system, v in r["mask"].items():
         print(f"{system:<14} {v['tokens']:>7} {v['mean_us']:>8.2f} {v['p50_us']:>8.2f} {v['p99_us']:>8.2f}")
-    print(f"\nend to end (Engine, 8-layer tiny Llama, {r['dtype']}, temperature 1.0, {r['end_to_end_schemas']} "
-          "schemas every backend compiles; free = unconstrained, same per-request lengths)")
-    print(f"{'run':<18} {'tokens':>7} {'s':>7} {'tok/s':>8} {'free tok/s':>11} {'ratio':>7} {'forced':>7} "
-          f"{'decode steps':>13}")
+    print(
+        f"\nend to end (Engine, 8-layer tiny Llama, {r['dtype']}, temperature 1.0, {r['end_to_end_schemas']} "
+        "schemas every backend compiles; free = unconstrained, same per-request lengths)"
+    )
+    print(
+        f"{'run':<18} {'tokens':>7} {'s':>7} {'tok/s':>8} {'free tok/s':>11} {'ratio':>7} {'forced':>7} "
+        f"{'decode steps':>13}"
+    )
     for run, v in r["end_to_end"].items():
-        print(f"{run:<18} {v['tokens']:>7} {v['seconds']:>7.2f} {v['tok_s']:>8.1f} {v['free_tok_s']:>11.1f} "
-              f"{v['tok_s'] / v['free_tok_s']:>6.2f}x {v['forced_share'] * 100:>6.1f}% {v['decode_steps']:>13}")
+        print(
+            f"{run:<18} {v['tokens']:>7} {v['seconds']:>7.2f} {v['tok_s']:>8.1f} {v['free_tok_s']:>11.1f} "
+            f"{v['tok_s'] / v['free_tok_s']:>6.2f}x {v['forced_share'] * 100:>6.1f}% {v['decode_steps']:>13}"
+        )
 
 
 def chart(r: dict[str, Any]) -> None:

@@ -65,8 +65,7 @@ def greedy(out_len: int) -> dict[str, Any]:
 
 def arbor_run(engine: Engine, work: Workload) -> tuple[float, list[dict[str, Any]]]:
     t0 = time.perf_counter()
-    outs = engine.generate(input_ids=[p for p, _ in work], sampling_params=[greedy(o) for _, o in work],
-                           progress=False)
+    outs = engine.generate(input_ids=[p for p, _ in work], sampling_params=[greedy(o) for _, o in work], progress=False)
     return time.perf_counter() - t0, outs
 
 
@@ -86,8 +85,9 @@ def hf_run(model: Any, work: Workload, batch: int) -> tuple[float, list[list[int
             mask[row, width - len(p) :] = 1
         new = max(work[i][1] for i in idx)
         with torch.no_grad():
-            gen = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                                 do_sample=False, pad_token_id=50256)
+            gen = model.generate(
+                ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=50256
+            )
         for row, i in enumerate(idx):
             outs[i] = gen[row, width : width + work[i][1]].tolist()
     return time.perf_counter() - t0, outs
@@ -112,10 +112,18 @@ def run_mixed(engine: Engine, model: Any, n: int, hf_sizes: list[int]) -> dict[s
     hf_s, hf_outs = hf_run(model, work, best)
     arbor_s, outs = arbor_run(engine, work)
     same = sum(o["output_ids"] == h for o, h in zip(outs, hf_outs))
-    return {"requests": n, "output_tokens": tokens, "arbor_s": arbor_s, "transformers_s": hf_s,
-            "transformers_batch": best, "transformers_sample_tok_s": sample_rates,
-            "arbor_tok_s": tokens / arbor_s, "transformers_tok_s": tokens / hf_s,
-            "ratio": hf_s / arbor_s, "greedy_equal_to_transformers": same}
+    return {
+        "requests": n,
+        "output_tokens": tokens,
+        "arbor_s": arbor_s,
+        "transformers_s": hf_s,
+        "transformers_batch": best,
+        "transformers_sample_tok_s": sample_rates,
+        "arbor_tok_s": tokens / arbor_s,
+        "transformers_tok_s": tokens / hf_s,
+        "ratio": hf_s / arbor_s,
+        "greedy_equal_to_transformers": same,
+    }
 
 
 def optimum_hit_tokens(seqs: list[tuple[list[int], list[int]]]) -> int:
@@ -208,8 +216,13 @@ def run_overhead(path: Path, dtype: str, batch: int, steps: int) -> dict[str, An
     rng = random.Random(3)
     for i in range(batch):
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(32, 512))]
-        sched.add(TokenizedGenerateReq(rid=str(i), input_ids=pack_ids(prompt),
-                                       sampling=SamplingParams(max_new_tokens=steps + 10, temperature=0, ignore_eos=True)))
+        sched.add(
+            TokenizedGenerateReq(
+                rid=str(i),
+                input_ids=pack_ids(prompt),
+                sampling=SamplingParams(max_new_tokens=steps + 10, temperature=0, ignore_eos=True),
+            )
+        )
     while sched.waiting or sched.admission.chunked:
         sched.step()
     assert len(sched.running) == batch
@@ -222,9 +235,14 @@ def run_overhead(path: Path, dtype: str, batch: int, steps: int) -> dict[str, An
         totals.append(total)
         rest.append(total - timers["forward"] - timers["sample"])
         sample_ms = timers["sample"] * 1e3
-    return {"batch": batch, "steps": steps, "step_ms_median": statistics.median(totals) * 1e3,
-            "overhead_ms_median": statistics.median(rest) * 1e3,
-            "overhead_ms_p90": sorted(rest)[int(0.9 * len(rest))] * 1e3, "sample_ms_last": sample_ms}
+    return {
+        "batch": batch,
+        "steps": steps,
+        "step_ms_median": statistics.median(totals) * 1e3,
+        "overhead_ms_median": statistics.median(rest) * 1e3,
+        "overhead_ms_p90": sorted(rest)[int(0.9 * len(rest))] * 1e3,
+        "sample_ms_last": sample_ms,
+    }
 
 
 # -------------------------------------------------------------------- peers
@@ -299,23 +317,31 @@ def report_peers(p: dict[str, Any]) -> None:
     for name, why in p["skipped"].items():
         print(f"  skipped {name}: {why}")
     print(f"  {'system':26}" + "".join(f"{w:>10}" for w in PEER_WORKLOADS) + "   Arbor vs best peer")
-    best = {w: max((v[w]["tok_s"] for k, v in p["systems"].items() if k != "arbor" and w in v), default=0)
-            for w in PEER_WORKLOADS}
+    best = {
+        w: max((v[w]["tok_s"] for k, v in p["systems"].items() if k != "arbor" and w in v), default=0)
+        for w in PEER_WORKLOADS
+    }
     for name, row in p["systems"].items():
-        print(f"  {name:26}" + "".join(f"{row[w]['tok_s']:>10.1f}" if w in row else f"{'-':>10}"
-                                       for w in PEER_WORKLOADS))
+        print(
+            f"  {name:26}" + "".join(f"{row[w]['tok_s']:>10.1f}" if w in row else f"{'-':>10}" for w in PEER_WORKLOADS)
+        )
     if "arbor" in p["systems"]:
         a = p["systems"]["arbor"]
-        print("  Arbor / best peer: " + ", ".join(f"{w} {a[w]['tok_s'] / best[w]:.2f}x" for w in PEER_WORKLOADS
-                                                  if w in a and best[w]))
+        print(
+            "  Arbor / best peer: "
+            + ", ".join(f"{w} {a[w]['tok_s'] / best[w]:.2f}x" for w in PEER_WORKLOADS if w in a and best[w])
+        )
 
 
 def chart_peers(axes: Any, p: dict[str, Any]) -> None:
     names = list(p["systems"])
     for ax, w in zip(axes, PEER_WORKLOADS):
         have = [n for n in names if w in p["systems"][n]]
-        ax.bar(range(len(have)), [p["systems"][n][w]["tok_s"] for n in have],
-               color=["C0" if n == "arbor" else "C7" for n in have])
+        ax.bar(
+            range(len(have)),
+            [p["systems"][n][w]["tok_s"] for n in have],
+            color=["C0" if n == "arbor" else "C7" for n in have],
+        )
         ax.set_xticks(range(len(have)), [n.replace(" (", "\n(") for n in have], fontsize=7)
         ax.set_title(f"{w} ({p['dtype']}), peer checkpoint")
         ax.set_ylabel("output tokens/s")
@@ -332,13 +358,18 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--hf-batch-sizes", default="16,32,64", help="transformers batch sizes to try")
     ap.add_argument("--max-running", type=int, default=128, help="Arbor's max_running_requests")
-    ap.add_argument("--dtype", default="auto",
-                    help="auto = bfloat16 where the CPU has fast bf16 (avx512_bf16/AMX), else float32")
+    ap.add_argument(
+        "--dtype", default="auto", help="auto = bfloat16 where the CPU has fast bf16 (avx512_bf16/AMX), else float32"
+    )
     ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    ap.add_argument("--sections", default="peers,cache,overhead",
-                    help="comma-separated: peers (vs vLLM/llama.cpp/transformers), cache (radix on/off), overhead")
-    ap.add_argument("--systems", default="arbor,vllm,vllm-omp,llama-server,transformers",
-                    help="systems of the peers section")
+    ap.add_argument(
+        "--sections",
+        default="peers,cache,overhead",
+        help="comma-separated: peers (vs vLLM/llama.cpp/transformers), cache (radix on/off), overhead",
+    )
+    ap.add_argument(
+        "--systems", default="arbor,vllm,vllm-omp,llama-server,transformers", help="systems of the peers section"
+    )
     ap.add_argument("--repeats", type=int, default=3, help="runs per workload in the peers section (median)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
@@ -370,9 +401,15 @@ def main() -> None:
             engines = {"cache_on": on, "cache_off": off}
             fewshot = run_fewshot(engines, model, args.fewshot_requests, mixed["transformers_batch"])
             multiturn = run_multiturn(engines, model, args.conversations, args.turns, mixed["transformers_batch"])
-        result.update(spec={"layers": SPEC.layers, "hidden": SPEC.hidden, "heads": SPEC.heads,
-                            "kv_heads": SPEC.kv_heads}, dtype=args.dtype, threads=torch.get_num_threads(),
-                      quick=args.quick, mixed=mixed, fewshot=fewshot, multiturn=multiturn)
+        result.update(
+            spec={"layers": SPEC.layers, "hidden": SPEC.hidden, "heads": SPEC.heads, "kv_heads": SPEC.kv_heads},
+            dtype=args.dtype,
+            threads=torch.get_num_threads(),
+            quick=args.quick,
+            mixed=mixed,
+            fewshot=fewshot,
+            multiturn=multiturn,
+        )
         report(result)
     if "overhead" in sections:
         result["overhead"] = run_overhead(path, args.dtype, 256, 50 if not args.quick else 10)
@@ -389,26 +426,36 @@ def save(result: dict[str, Any]) -> None:
 
 def report(r: dict[str, Any]) -> None:
     m, f, t = r["mixed"], r["fewshot"], r["multiturn"]
-    print(f"bench_offline: {r['spec']['layers']} layers, hidden {r['spec']['hidden']}, {r['dtype']}, "
-          f"{r['threads']} threads")
+    print(
+        f"bench_offline: {r['spec']['layers']} layers, hidden {r['spec']['hidden']}, {r['dtype']}, "
+        f"{r['threads']} threads"
+    )
     print(f"\n(a) mixed, {m['requests']} requests, {m['output_tokens']} output tokens")
     print(f"  Arbor         {m['arbor_tok_s']:8.1f} tok/s  ({m['arbor_s']:.1f} s)")
-    print(f"  transformers  {m['transformers_tok_s']:8.1f} tok/s  ({m['transformers_s']:.1f} s, batch "
-          f"{m['transformers_batch']})  -> Arbor {m['ratio']:.2f}x")
+    print(
+        f"  transformers  {m['transformers_tok_s']:8.1f} tok/s  ({m['transformers_s']:.1f} s, batch "
+        f"{m['transformers_batch']})  -> Arbor {m['ratio']:.2f}x"
+    )
     print(f"  greedy outputs equal to transformers: {m['greedy_equal_to_transformers']}/{m['requests']}")
     for name, row in (("few-shot", f), ("multi-turn", t)):
         on, off, hf = row["cache_on_s"], row["cache_off_s"], row["transformers_s"]
         print(f"\n(b) {name}: {row['output_tokens']} output tokens")
-        print(f"  cache on {on:7.1f} s | cache off {off:7.1f} s ({off / on:.2f}x) | transformers {hf:7.1f} s "
-              f"({hf / on:.2f}x)")
-        print(f"  hit tokens {row['hit_tokens']} of optimum {row['optimum_hit_tokens']} "
-              f"({row['hit_tokens'] / max(row['optimum_hit_tokens'], 1):.1%})")
+        print(
+            f"  cache on {on:7.1f} s | cache off {off:7.1f} s ({off / on:.2f}x) | transformers {hf:7.1f} s "
+            f"({hf / on:.2f}x)"
+        )
+        print(
+            f"  hit tokens {row['hit_tokens']} of optimum {row['optimum_hit_tokens']} "
+            f"({row['hit_tokens'] / max(row['optimum_hit_tokens'], 1):.1%})"
+        )
 
 
 def report_overhead(o: dict[str, Any]) -> None:
-    print(f"\n(c) scheduler overhead per decode step, batch {o['batch']}, no-op model: median "
-          f"{o['overhead_ms_median']:.2f} ms (p90 {o['overhead_ms_p90']:.2f}); whole step "
-          f"{o['step_ms_median']:.2f} ms incl. sampling ({o['sample_ms_last']:.2f} ms)")
+    print(
+        f"\n(c) scheduler overhead per decode step, batch {o['batch']}, no-op model: median "
+        f"{o['overhead_ms_median']:.2f} ms (p90 {o['overhead_ms_p90']:.2f}); whole step "
+        f"{o['step_ms_median']:.2f} ms incl. sampling ({o['sample_ms_last']:.2f} ms)"
+    )
 
 
 def chart(r: dict[str, Any]) -> None:
@@ -429,9 +476,11 @@ def chart(r: dict[str, Any]) -> None:
         axes[0].set_ylabel("output tokens/s")
         for ax, sub, title in ((axes[1], "fewshot", "(b) few-shot"), (axes[2], "multiturn", "(b) multi-turn")):
             row = r[sub]
-            ax.bar(["cache on", "cache off", "transformers"],
-                   [row["output_tokens"] / row[k] for k in ("cache_on_s", "cache_off_s", "transformers_s")],
-                   color=["C0", "C2", "C1"])
+            ax.bar(
+                ["cache on", "cache off", "transformers"],
+                [row["output_tokens"] / row[k] for k in ("cache_on_s", "cache_off_s", "transformers_s")],
+                color=["C0", "C2", "C1"],
+            )
             ax.set_title(title)
             ax.set_ylabel("output tokens/s")
     fig.suptitle("Offline throughput, 2-core CPU")

@@ -63,8 +63,10 @@ def _free_port() -> int:
 # The PD secret that the router (its --api-key) and both workers share; in the environment,
 # which every process started here inherits, never on a command line.
 SECRET = os.environ.setdefault("ARBOR_PD_SECRET", secrets.token_hex(32))
-_KEYED_LAUNCH = ("import os, sys; from sglang_router.launch_router import main; "
-                 "sys.argv += ['--api-key', os.environ['ARBOR_PD_SECRET']]; main()")
+_KEYED_LAUNCH = (
+    "import os, sys; from sglang_router.launch_router import main; "
+    "sys.argv += ['--api-key', os.environ['ARBOR_PD_SECRET']]; main()"
+)
 AUTH = {"Authorization": f"Bearer {SECRET}"}
 
 
@@ -74,14 +76,33 @@ def start_router(workers: list[int], pd: tuple[int, int, int] | None = None) -> 
     clients for it)."""
     port = _free_port()
     launch = ["-c", _KEYED_LAUNCH] if pd else ["-m", "sglang_router.launch_router"]
-    cmd = [sys.executable, *launch, "--host", "127.0.0.1", "--port", str(port),
-           "--policy", "round_robin", "--log-level", "warn", "--prometheus-host", "127.0.0.1",
-           "--prometheus-port", str(_free_port())]
+    cmd = [
+        sys.executable,
+        *launch,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        "round_robin",
+        "--log-level",
+        "warn",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(_free_port()),
+    ]
     if pd is None:
         cmd += ["--worker-urls", *[f"http://127.0.0.1:{w}" for w in workers]]
     else:
-        cmd += ["--pd-disaggregation", "--prefill", f"http://127.0.0.1:{pd[0]}", str(pd[1]),
-                "--decode", f"http://127.0.0.1:{pd[2]}"]
+        cmd += [
+            "--pd-disaggregation",
+            "--prefill",
+            f"http://127.0.0.1:{pd[0]}",
+            str(pd[1]),
+            "--decode",
+            f"http://127.0.0.1:{pd[2]}",
+        ]
     proc = subprocess.Popen(cmd)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # listening, with its workers registered
@@ -115,14 +136,26 @@ def workload(n: int, long_share: float, seed: int) -> list[tuple[str, list[int],
 async def one(port: int, ids: list[int], new: int, delay: float) -> dict[str, Any]:
     await asyncio.sleep(delay)
     t0 = time.perf_counter()
-    times, events = await stream(port, "/generate", {"input_ids": ids, "stream": True, "sampling_params": {
-        "max_new_tokens": new, "temperature": 0, "ignore_eos": True}}, SECRET)
+    times, events = await stream(
+        port,
+        "/generate",
+        {
+            "input_ids": ids,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": new, "temperature": 0, "ignore_eos": True},
+        },
+        SECRET,
+    )
     if not events or "output_ids" not in events[-1]:
         raise RuntimeError(f"a request failed: {events[-1] if events else 'no events'}")
     tokens = len(events[-1]["output_ids"])
     ttft, e2e = times[0] - t0, times[-1] - t0
-    return {"ttft": ttft, "tokens": tokens, "tpot": (e2e - ttft) / max(tokens - 1, 1),
-            "itl": [b - a for a, b in itertools.pairwise(times)]}
+    return {
+        "ttft": ttft,
+        "tokens": tokens,
+        "tpot": (e2e - ttft) / max(tokens - 1, 1),
+        "itl": [b - a for a, b in itertools.pairwise(times)],
+    }
 
 
 async def mixed_run(port: int, reqs: list[tuple[str, list[int], int]], rate: float, seed: int) -> dict[str, Any]:
@@ -134,9 +167,12 @@ async def mixed_run(port: int, reqs: list[tuple[str, list[int], int]], rate: flo
     row: dict[str, Any] = {"wall_s": wall, "throughput_tok_s": sum(r["tokens"] for r in results) / wall}
     for kind in ("short", "long"):
         mine = [r for kind_, r in zip((q[0] for q in reqs), results) if kind_ == kind]
-        row[kind] = {"requests": len(mine), **_pcts("ttft", [r["ttft"] for r in mine]),
-                     **_pcts("tpot", [r["tpot"] for r in mine]),
-                     **_pcts("itl", [x for r in mine for x in r["itl"]])}
+        row[kind] = {
+            "requests": len(mine),
+            **_pcts("ttft", [r["ttft"] for r in mine]),
+            **_pcts("tpot", [r["tpot"] for r in mine]),
+            **_pcts("itl", [x for r in mine for x in r["itl"]]),
+        }
     return row
 
 
@@ -149,12 +185,29 @@ def run_system(name: str, model: Path, dtype: str, reqs: list, rate: float, idle
     try:
         if name.startswith("PD"):
             boot = _free_port()
-            prefill, pport = start_server(model, *common, "--num-threads", "1", "--disaggregation-mode", "prefill",
-                                          "--disaggregation-bootstrap-port", str(boot), cpus="0")
+            prefill, pport = start_server(
+                model,
+                *common,
+                "--num-threads",
+                "1",
+                "--disaggregation-mode",
+                "prefill",
+                "--disaggregation-bootstrap-port",
+                str(boot),
+                cpus="0",
+            )
             procs.append(prefill)
-            decode, dport = start_server(model, *common, "--num-threads", "1", "--disaggregation-mode", "decode",
-                                         "--disaggregation-prefill-peers", f"127.0.0.1:{boot}",
-                                         cpus="1")
+            decode, dport = start_server(
+                model,
+                *common,
+                "--num-threads",
+                "1",
+                "--disaggregation-mode",
+                "decode",
+                "--disaggregation-prefill-peers",
+                f"127.0.0.1:{boot}",
+                cpus="1",
+            )
             procs.append(decode)
             router, port = start_router([], pd=(pport, boot, dport))
         else:
@@ -266,9 +319,15 @@ def main() -> None:
     dtype = dtype_name()
     model = make_tiny_model(Path(tempfile.mkdtemp()) / "medium", SPEC)
     reqs = workload(args.requests, args.long_share, seed=0)
-    result: dict[str, Any] = {"dtype": dtype, "rate": args.rate, "requests": args.requests,
-                              "long_share": args.long_share, "chunked_prefill_size": int(CHUNK),
-                              "kv_bytes_per_token": _kv_bytes_per_token(dtype), "systems": {}}
+    result: dict[str, Any] = {
+        "dtype": dtype,
+        "rate": args.rate,
+        "requests": args.requests,
+        "long_share": args.long_share,
+        "chunked_prefill_size": int(CHUNK),
+        "kv_bytes_per_token": _kv_bytes_per_token(dtype),
+        "systems": {},
+    }
     for name in systems:
         print(f"running {name} ...", flush=True)
         result["systems"][name] = run_system(name, model, dtype, reqs, args.rate, args.idle_probes)
@@ -289,16 +348,22 @@ def _kv_bytes_per_token(dtype: str) -> int:
 
 
 def report(r: dict[str, Any]) -> None:
-    print(f"\nmedium tiny Llama, {r['dtype']}, 2-core CPU; Poisson {r['rate']:g} req/s, {r['requests']} requests, "
-          f"{r['long_share']:.0%} of them {LONG[0]}-token prompts")
-    print("| system | short TPOT p50 / p99 ms | short ITL p99 ms | short TTFT p50 / p99 ms "
-          "| long TTFT p50 / p99 ms | tok/s |")
+    print(
+        f"\nmedium tiny Llama, {r['dtype']}, 2-core CPU; Poisson {r['rate']:g} req/s, {r['requests']} requests, "
+        f"{r['long_share']:.0%} of them {LONG[0]}-token prompts"
+    )
+    print(
+        "| system | short TPOT p50 / p99 ms | short ITL p99 ms | short TTFT p50 / p99 ms "
+        "| long TTFT p50 / p99 ms | tok/s |"
+    )
     print("|---|---|---|---|---|---|")
     for name, c in r["systems"].items():
         s, lg = c["short"], c["long"]
-        print(f"| {name} | {s['tpot_p50_ms']:.1f} / {s['tpot_p99_ms']:.1f} | {s['itl_p99_ms']:.0f} | "
-              f"{s['ttft_p50_ms']:.0f} / {s['ttft_p99_ms']:.0f} | {lg['ttft_p50_ms']:.0f} / {lg['ttft_p99_ms']:.0f} | "
-              f"{c['throughput_tok_s']:.0f} |")
+        print(
+            f"| {name} | {s['tpot_p50_ms']:.1f} / {s['tpot_p99_ms']:.1f} | {s['itl_p99_ms']:.0f} | "
+            f"{s['ttft_p50_ms']:.0f} / {s['ttft_p99_ms']:.0f} | {lg['ttft_p50_ms']:.0f} / {lg['ttft_p99_ms']:.0f} | "
+            f"{c['throughput_tok_s']:.0f} |"
+        )
     t = r["tcp"]
     print(f"\nKV transfer (prefill worker's write time; {r['kv_bytes_per_token']} bytes of KV per token)")
     print("| measured | transfers | failures | MB/transfer | ms/transfer | MB/s |")
@@ -308,15 +373,21 @@ def report(r: dict[str, Any]) -> None:
             if when in c:
                 d = c[when]
                 mb = d["kv_transfer_bytes"] / max(d["kv_transfers"], 1) / 1e6
-                print(f"| {name}, {when.split('_')[1]} | {d['kv_transfers']:.0f} | {d['kv_transfer_failures']:.0f} | "
-                      f"{mb:.2f} | {d['per_request_ms']:.2f} | {d['mb_per_s']:.0f} |")
-    print(f"| raw TCP 127.0.0.1, one long prompt's KV | - | - | {t['bytes'] / 1e6:.2f} | {t['ms']:.2f} | "
-          f"{t['mb_per_s']:.0f} |")
+                print(
+                    f"| {name}, {when.split('_')[1]} | {d['kv_transfers']:.0f} | {d['kv_transfer_failures']:.0f} | "
+                    f"{mb:.2f} | {d['per_request_ms']:.2f} | {d['mb_per_s']:.0f} |"
+                )
+    print(
+        f"| raw TCP 127.0.0.1, one long prompt's KV | - | - | {t['bytes'] / 1e6:.2f} | {t['ms']:.2f} | "
+        f"{t['mb_per_s']:.0f} |"
+    )
     if "staging" in r:
         st = r["staging"]
-        print(f"\nThe decode worker's staging buffer for one {LONG[0]}-token prompt ({t['bytes'] / 1e6:.2f} MB, one "
-              f"thread): zero + register {st['stage_ms']:.2f} ms, copy into the pool + deregister "
-              f"{st['unstage_ms']:.2f} ms")
+        print(
+            f"\nThe decode worker's staging buffer for one {LONG[0]}-token prompt ({t['bytes'] / 1e6:.2f} MB, one "
+            f"thread): zero + register {st['stage_ms']:.2f} ms, copy into the pool + deregister "
+            f"{st['unstage_ms']:.2f} ms"
+        )
 
 
 def chart(r: dict[str, Any]) -> None:
@@ -328,24 +399,37 @@ def chart(r: dict[str, Any]) -> None:
     names = list(r["systems"])
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for i, key in enumerate(("tpot_p50_ms", "tpot_p99_ms")):
-        axes[0].bar([x + i * 0.4 for x in range(len(names))], [r["systems"][n]["short"][key] for n in names], 0.4,
-                    label=key.replace("_ms", ""))
+        axes[0].bar(
+            [x + i * 0.4 for x in range(len(names))],
+            [r["systems"][n]["short"][key] for n in names],
+            0.4,
+            label=key.replace("_ms", ""),
+        )
     axes[0].set_title("Short requests' TPOT (ms)")
     for i, key in enumerate(("ttft_p50_ms", "ttft_p99_ms")):
-        axes[1].bar([x + i * 0.4 for x in range(len(names))], [r["systems"][n]["long"][key] for n in names], 0.4,
-                    label=key.replace("_ms", ""))
+        axes[1].bar(
+            [x + i * 0.4 for x in range(len(names))],
+            [r["systems"][n]["long"][key] for n in names],
+            0.4,
+            label=key.replace("_ms", ""),
+        )
     axes[1].set_title(f"{LONG[0]}-token prompts' TTFT (ms)")
     for ax in axes[:2]:
         ax.set_xticks([x + 0.2 for x in range(len(names))], names, fontsize=8)
         ax.legend()
-    bars = {f"{n}, {w.split('_')[1]}": r["systems"][n][w]["mb_per_s"] for n in names
-            for w in ("transfer_load", "transfer_idle") if w in r["systems"][n]}
+    bars = {
+        f"{n}, {w.split('_')[1]}": r["systems"][n][w]["mb_per_s"]
+        for n in names
+        for w in ("transfer_load", "transfer_idle")
+        if w in r["systems"][n]
+    }
     bars["raw TCP"] = r["tcp"]["mb_per_s"]
     axes[2].bar(list(bars), list(bars.values()), color="tab:green")
     axes[2].set_title("KV transfer vs raw TCP (MB/s)")
     axes[2].tick_params(axis="x", labelsize=7)
-    fig.suptitle(f"Prefill/decode disaggregation, medium tiny Llama, {r['dtype']}, 2-core CPU, "
-                 f"Poisson {r['rate']:g} req/s")
+    fig.suptitle(
+        f"Prefill/decode disaggregation, medium tiny Llama, {r['dtype']}, 2-core CPU, Poisson {r['rate']:g} req/s"
+    )
     fig.tight_layout()
     fig.savefig(OUT / "bench_pd.png", dpi=100)
 

@@ -43,10 +43,17 @@ GPTQ_QUANTIZER = Path(os.environ.get("ARBOR_GPTQ_PYTHON", PEERS / "gptq" / "venv
 GPTQ_LAYOUT = "gptq-layout"  # made by quantize_gptq.py (INC), not llmcompressor
 HEAD = "-head"  # a scheme name ending so: the LM head quantized too (quantize.py --lm-head)
 # name -> (scheme of the checkpoint, KV-cache dtype)
-SCHEMES = {"bf16": (None, "auto"), "W8A16": ("w8a16", "auto"), "W4A16-GPTQ": ("w4a16-gptq", "auto"),
-           "W8A8-SQ": ("w8a8-sq", "auto"), "FP8": ("fp8", "auto"), "W4A16, GPTQ layout": (GPTQ_LAYOUT, "auto"),
-           "bf16, fp8 KV": (None, "fp8_e4m3"), "W8A16 + head": ("w8a16" + HEAD, "auto"),
-           "W4A16-GPTQ + head": ("w4a16-gptq" + HEAD, "auto")}
+SCHEMES = {
+    "bf16": (None, "auto"),
+    "W8A16": ("w8a16", "auto"),
+    "W4A16-GPTQ": ("w4a16-gptq", "auto"),
+    "W8A8-SQ": ("w8a8-sq", "auto"),
+    "FP8": ("fp8", "auto"),
+    "W4A16, GPTQ layout": (GPTQ_LAYOUT, "auto"),
+    "bf16, fp8 KV": (None, "fp8_e4m3"),
+    "W8A16 + head": ("w8a16" + HEAD, "auto"),
+    "W4A16-GPTQ + head": ("w4a16-gptq" + HEAD, "auto"),
+}
 KV_TOKENS = 16_384  # every engine the same pool (16 prompts of 512 fit), so all of them fit in memory at once
 VLLM_KV = {"auto": "auto", "fp8_e4m3": "fp8"}
 VLLM_READY_S = 300  # vLLM's start-up with its compile takes 1-2 minutes here; FP8 weights never got ready
@@ -64,10 +71,14 @@ def quantized(target: Path, scheme: str | None) -> Path:
             raise SystemExit(f"no quantizer at {python}: run scripts/quantizer_venv.sh{' --gptq' if gptq else ''}")
         staging = out.with_name(out.name + ".tmp")
         head = ["--lm-head"] if scheme.endswith(HEAD) else []
-        script, args = (("quantize_gptq.py", ["--act-order"]) if gptq
-                        else ("quantize.py", ["--scheme", scheme.removesuffix(HEAD), *head]))
-        subprocess.run([str(python), str(Path(__file__).with_name(script)), str(target), str(staging), *args],
-                       check=True)
+        script, args = (
+            ("quantize_gptq.py", ["--act-order"])
+            if gptq
+            else ("quantize.py", ["--scheme", scheme.removesuffix(HEAD), *head])
+        )
+        subprocess.run(
+            [str(python), str(Path(__file__).with_name(script)), str(target), str(staging), *args], check=True
+        )
         staging.rename(out)
     return out
 
@@ -100,21 +111,28 @@ def kv_tokens_per_gib(path: Path, dtype: str, kv: str) -> int:
     return 2**30 // ModelConfig.from_dir(path).kv_bytes_per_token(bits // 8)
 
 
-def arbor_speed(paths: dict[str, tuple[Path, str]], dtype: str, prompts: list[list[int]], long: list[list[int]],
-                repeats: int) -> dict[str, dict[str, float]]:
+def arbor_speed(
+    paths: dict[str, tuple[Path, str]], dtype: str, prompts: list[list[int]], long: list[list[int]], repeats: int
+) -> dict[str, dict[str, float]]:
     """Decode tok/s at batch 1 and 16 and prefill tok/s of every scheme, {name: (checkpoint,
     KV dtype)}. All the engines stay up and the runs interleave: round r runs each measurement
     on every scheme in turn, so this shared machine's slow minutes land on all schemes alike."""
     from arbor import Engine
 
     greedy = {"max_new_tokens": 128, "temperature": 0, "ignore_eos": True}
-    work = {"decode_b1": (prompts[:1], greedy, 128), "decode_b16": (prompts[:16], greedy, 16 * 128),
-            "prefill": (long, {"max_new_tokens": 1}, sum(len(p) for p in long))}
+    work = {
+        "decode_b1": (prompts[:1], greedy, 128),
+        "decode_b16": (prompts[:16], greedy, 16 * 128),
+        "prefill": (long, {"max_new_tokens": 1}, sum(len(p) for p in long)),
+    }
     times: dict[str, dict[str, list[float]]] = {n: {k: [] for k in work} for n in paths}
     with contextlib.ExitStack() as stack:
-        engines = {n: stack.enter_context(Engine(str(path), dtype=dtype, kv_cache_dtype=kv, max_running_requests=64,
-                                                 max_total_tokens=KV_TOKENS))
-                   for n, (path, kv) in paths.items()}
+        engines = {
+            n: stack.enter_context(
+                Engine(str(path), dtype=dtype, kv_cache_dtype=kv, max_running_requests=64, max_total_tokens=KV_TOKENS)
+            )
+            for n, (path, kv) in paths.items()
+        }
         for engine in engines.values():
             engine.generate(input_ids=prompts[:2], sampling_params={"max_new_tokens": 8}, progress=False)
         for r in range(repeats):
@@ -128,21 +146,35 @@ def arbor_speed(paths: dict[str, tuple[Path, str]], dtype: str, prompts: list[li
     return {n: {k: work[k][2] / statistics.median(ts) for k, ts in per.items()} for n, per in times.items()}
 
 
-def vllm_cells(path: Path, dtype: str, kv: str, name: str, prompts: list[list[int]], long: list[list[int]],
-               windows: list[list[int]], repeats: int) -> dict[str, Any]:
+def vllm_cells(
+    path: Path,
+    dtype: str,
+    kv: str,
+    name: str,
+    prompts: list[list[int]],
+    long: list[list[int]],
+    windows: list[list[int]],
+    repeats: int,
+) -> dict[str, Any]:
     """The same measurements on vLLM's CPU build; {"error": ...} where it does not load the checkpoint."""
     import peers
 
     if not peers.VLLM_PY.exists():
         return {"error": "no vLLM venv (../shared/tools/peers.sh vllm)"}
     try:
-        with peers.vllm(dtype, model=path, name=f"vllm-{name.replace(' ', '').replace(',', '-')}",
-                        extra=["--kv-cache-dtype", VLLM_KV[kv]], timeout=VLLM_READY_S) as system:
+        with peers.vllm(
+            dtype,
+            model=path,
+            name=f"vllm-{name.replace(' ', '').replace(',', '-')}",
+            extra=["--kv-cache-dtype", VLLM_KV[kv]],
+            timeout=VLLM_READY_S,
+        ) as system:
             asyncio.run(peers.run_all(system, peers.warmup()))
             cells: dict[str, Any] = {}
             for b in (1, 16):
-                wall = statistics.median(asyncio.run(peers.run_all(system, [(p, 128) for p in prompts[:b]]))
-                                         for _ in range(repeats))
+                wall = statistics.median(
+                    asyncio.run(peers.run_all(system, [(p, 128) for p in prompts[:b]])) for _ in range(repeats)
+                )
                 cells[f"decode_b{b}"] = b * 128 / wall
             wall = statistics.median(asyncio.run(peers.run_all(system, [(p, 1) for p in long])) for _ in range(repeats))
             cells["prefill"] = sum(len(p) for p in long) / wall
@@ -160,8 +192,10 @@ async def _vllm_ppl(system: Any, windows: list[list[int]]) -> float:
     total, count = 0.0, 0
     async with peers.client() as c:
         for w in windows:
-            r = await c.post(f"http://127.0.0.1:{system.port}/v1/completions",
-                             json={"model": system.model, "prompt": w, "max_tokens": 1, "prompt_logprobs": 0})
+            r = await c.post(
+                f"http://127.0.0.1:{system.port}/v1/completions",
+                json={"model": system.model, "prompt": w, "max_tokens": 1, "prompt_logprobs": 0},
+            )
             r.raise_for_status()
             entries = r.json()["choices"][0]["prompt_logprobs"][1:]
             for tok, entry in zip(w[1:], entries):
@@ -192,16 +226,21 @@ def main() -> None:
         scheme, kv = SCHEMES[name]
         path = paths[name] = quantized(target, scheme)
         print(f"{name}: {path}", flush=True)
-        result["schemes"][name] = {"path": str(path), "kv_cache_dtype": kv, **weight_bytes(path, getattr(torch, dtype)),
-                                   "kv_tokens_per_gib": kv_tokens_per_gib(path, dtype, kv),
-                                   "ppl": eval_ppl.arbor_ppl(path, windows, dtype=dtype, kv_cache_dtype=kv)}
+        result["schemes"][name] = {
+            "path": str(path),
+            "kv_cache_dtype": kv,
+            **weight_bytes(path, getattr(torch, dtype)),
+            "kv_tokens_per_gib": kv_tokens_per_gib(path, dtype, kv),
+            "ppl": eval_ppl.arbor_ppl(path, windows, dtype=dtype, kv_cache_dtype=kv),
+        }
     print("Arbor, every scheme interleaved:", flush=True)
     speed = arbor_speed({n: (paths[n], SCHEMES[n][1]) for n in paths}, dtype, prompts, long, args.repeats)
     for name, cell in result["schemes"].items():
         cell.update(speed[name])
         if not args.no_peer:
-            cell["vllm"] = vllm_cells(paths[name], dtype, cell["kv_cache_dtype"], name, prompts, long, windows,
-                                      args.repeats)
+            cell["vllm"] = vllm_cells(
+                paths[name], dtype, cell["kv_cache_dtype"], name, prompts, long, windows, args.repeats
+            )
         print(f"  {_row(name, cell, result['schemes'].get('bf16'))}", flush=True)
     report(result)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -212,11 +251,13 @@ def main() -> None:
 def _row(name: str, c: dict[str, Any], base: dict[str, Any] | None) -> str:
     base = base or c
     rel = lambda k: c[k] / base[k]  # noqa: E731
-    return (f"{name:12} ppl {c['ppl']:7.3f} ({100 * (c['ppl'] / base['ppl'] - 1):+5.2f}%)  KV/GiB "
-            f"{c['kv_tokens_per_gib']:7d}  linear {c['linear_bytes'] / 2**20:6.1f} MiB  head "
-            f"{c['head_bytes'] / 2**20:5.1f} MiB  model {c['model_bytes'] / 2**20:6.1f} MiB  decode b1 "
-            f"{c['decode_b1']:6.1f} ({rel('decode_b1'):.2f}x)  b16 {c['decode_b16']:7.1f} ({rel('decode_b16'):.2f}x)  "
-            f"prefill {c['prefill']:7.1f} ({rel('prefill'):.2f}x)")
+    return (
+        f"{name:12} ppl {c['ppl']:7.3f} ({100 * (c['ppl'] / base['ppl'] - 1):+5.2f}%)  KV/GiB "
+        f"{c['kv_tokens_per_gib']:7d}  linear {c['linear_bytes'] / 2**20:6.1f} MiB  head "
+        f"{c['head_bytes'] / 2**20:5.1f} MiB  model {c['model_bytes'] / 2**20:6.1f} MiB  decode b1 "
+        f"{c['decode_b1']:6.1f} ({rel('decode_b1'):.2f}x)  b16 {c['decode_b16']:7.1f} ({rel('decode_b16'):.2f}x)  "
+        f"prefill {c['prefill']:7.1f} ({rel('prefill'):.2f}x)"
+    )
 
 
 def report(r: dict[str, Any]) -> None:
@@ -233,11 +274,18 @@ def report(r: dict[str, Any]) -> None:
         if "error" in v:
             print(f"  {name:12} not run: {v['error'][:300]}")
         else:
-            with_bytes = {**v, **{k: cell[k] for k in ("linear_bytes", "head_bytes", "model_bytes",
-                                                      "kv_tokens_per_gib")}}
-            print("  " + _row(name, with_bytes, {**vbase, "linear_bytes": 1, "head_bytes": 1, "model_bytes": 1}
-                              if "ppl" in vbase
-                              else with_bytes))
+            with_bytes = {
+                **v,
+                **{k: cell[k] for k in ("linear_bytes", "head_bytes", "model_bytes", "kv_tokens_per_gib")},
+            }
+            print(
+                "  "
+                + _row(
+                    name,
+                    with_bytes,
+                    {**vbase, "linear_bytes": 1, "head_bytes": 1, "model_bytes": 1} if "ppl" in vbase else with_bytes,
+                )
+            )
 
 
 def chart(r: dict[str, Any]) -> None:
@@ -248,8 +296,11 @@ def chart(r: dict[str, Any]) -> None:
 
     names = list(r["schemes"])
     fig, axes = plt.subplots(1, 4, figsize=(16, 4.6))
-    for ax, key, title in zip(axes, ("ppl", "decode_b1", "decode_b16", "prefill"),
-                              ("held-out perplexity", "decode tok/s, batch 1", "decode tok/s, batch 16", "prefill tok/s")):
+    for ax, key, title in zip(
+        axes,
+        ("ppl", "decode_b1", "decode_b16", "prefill"),
+        ("held-out perplexity", "decode tok/s, batch 1", "decode tok/s, batch 16", "prefill tok/s"),
+    ):
         arbor = [r["schemes"][n][key] for n in names]
         vllm = [r["schemes"][n].get("vllm", {}).get(key, 0) for n in names]
         xs = range(len(names))

@@ -242,7 +242,11 @@ def _chart(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [("match_us", "match_prefix (µs)"), ("insert_us", "insert (µs)"), ("evict_10k_ms", "evict 10k tokens (ms)")]
+    metrics = [
+        ("match_us", "match_prefix (µs)"),
+        ("insert_us", "insert (µs)"),
+        ("evict_10k_ms", "evict 10k tokens (ms)"),
+    ]
     labels = [f"{r['trace']}\n{r['cached_label']} p{r['page_size']}" for r in rows]
     fig, axes = plt.subplots(len(metrics), 1, figsize=(13, 10))
     x = range(len(rows))
@@ -279,7 +283,13 @@ def main() -> None:
     print(header + "\n" + "-" * len(header))
     for i, case in enumerate(cases):
         ours, theirs = arbor[i], peer[i] if peer else None
-        row = {"trace": case[0], "cached_label": f"{case[1] // 1000}k", "page_size": case[2], "arbor": ours, "sglang": theirs}
+        row = {
+            "trace": case[0],
+            "cached_label": f"{case[1] // 1000}k",
+            "page_size": case[2],
+            "arbor": ours,
+            "sglang": theirs,
+        }
         rows.append(row)
         cells = []
         for field in ("match_us", "insert_us", "evict_10k_ms"):

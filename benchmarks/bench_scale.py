@@ -29,8 +29,11 @@ from peers import dtype_name
 from arbor.runtime.tiny_model import make_tiny_model
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
-DP_SYSTEMS = {"DP=1": [], "DP=2 cache_aware": ["--dp-size", "2"],
-              "DP=2 round_robin": ["--dp-size", "2", "--router-policy", "round_robin"]}
+DP_SYSTEMS = {
+    "DP=1": [],
+    "DP=2 cache_aware": ["--dp-size", "2"],
+    "DP=2 round_robin": ["--dp-size", "2", "--router-policy", "round_robin"],
+}
 
 
 def tp_cells(model: Path, dtype: str, tp: int, repeats: int) -> dict[str, float]:
@@ -47,15 +50,25 @@ def tp_cells(model: Path, dtype: str, tp: int, repeats: int) -> dict[str, float]
         engine.generate(input_ids=prompts[:2], sampling_params={"max_new_tokens": 8}, progress=False)
         for b in (1, 16):
             before = engine.stats()
-            cells[f"decode_b{b}"] = b * 128 / _median(repeats, lambda b=b: engine.generate(
-                input_ids=prompts[:b], sampling_params=greedy, progress=False), engine)
+            cells[f"decode_b{b}"] = (
+                b
+                * 128
+                / _median(
+                    repeats,
+                    lambda b=b: engine.generate(input_ids=prompts[:b], sampling_params=greedy, progress=False),
+                    engine,
+                )
+            )
             after = engine.stats()
             steps = after["decode_steps"] + after["prefill_steps"] - before["decode_steps"] - before["prefill_steps"]
             if tp > 1:
                 comm = after["tp_collective_s"] - before["tp_collective_s"]
                 cells[f"collective_ms_per_step_b{b}"] = comm / steps * 1e3
-        cells["prefill"] = sum(map(len, long)) / _median(repeats, lambda: engine.generate(
-            input_ids=long, sampling_params={"max_new_tokens": 1}, progress=False), engine)
+        cells["prefill"] = sum(map(len, long)) / _median(
+            repeats,
+            lambda: engine.generate(input_ids=long, sampling_params={"max_new_tokens": 1}, progress=False),
+            engine,
+        )
         outs = engine.generate(input_ids=prompts[:4], sampling_params=greedy, progress=False)
         cells["greedy_ids"] = [o["output_ids"] for o in outs]
     return cells
@@ -114,15 +127,18 @@ def main() -> None:
     model = make_tiny_model(Path(tempfile.mkdtemp()) / "medium", SPEC)
     saved = OUT / "bench_scale.json"
     result: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() and not args.quick else {}
-    result.update(dtype=dtype, spec={"layers": SPEC.layers, "hidden": SPEC.hidden, "heads": SPEC.heads,
-                                     "kv_heads": SPEC.kv_heads})
+    result.update(
+        dtype=dtype, spec={"layers": SPEC.layers, "hidden": SPEC.hidden, "heads": SPEC.heads, "kv_heads": SPEC.kv_heads}
+    )
     if "tp" in sections:
         result["tp"] = {f"TP={tp}": tp_cells(model, dtype, tp, args.repeats) for tp in (1, 2)}
         ids = [c.pop("greedy_ids") for c in result["tp"].values()]
         result["tp_greedy_equal"] = ids[0] == ids[1]
     if "dp" in sections:
-        result["dp"] = {name: dp_cells(model, dtype, flags, args.conversations, args.turns, args.rate, args.requests)
-                        for name, flags in DP_SYSTEMS.items()}
+        result["dp"] = {
+            name: dp_cells(model, dtype, flags, args.conversations, args.turns, args.rate, args.requests)
+            for name, flags in DP_SYSTEMS.items()
+        }
     report(result)
     if not args.quick:
         OUT.mkdir(parents=True, exist_ok=True)
@@ -137,22 +153,31 @@ def report(r: dict[str, Any]) -> None:
         print("|---|---|---|---|---|")
         base = r["tp"]["TP=1"]
         for name, c in r["tp"].items():
-            comm = (f"{c['collective_ms_per_step_b1']:.2f}, {c['collective_ms_per_step_b16']:.2f}"
-                    if "collective_ms_per_step_b1" in c else "-")
-            print(f"| {name} | {c['decode_b1']:.1f} ({c['decode_b1'] / base['decode_b1']:.2f}x) | "
-                  f"{c['decode_b16']:.1f} ({c['decode_b16'] / base['decode_b16']:.2f}x) | "
-                  f"{c['prefill']:.0f} ({c['prefill'] / base['prefill']:.2f}x) | {comm} |")
+            comm = (
+                f"{c['collective_ms_per_step_b1']:.2f}, {c['collective_ms_per_step_b16']:.2f}"
+                if "collective_ms_per_step_b1" in c
+                else "-"
+            )
+            print(
+                f"| {name} | {c['decode_b1']:.1f} ({c['decode_b1'] / base['decode_b1']:.2f}x) | "
+                f"{c['decode_b16']:.1f} ({c['decode_b16'] / base['decode_b16']:.2f}x) | "
+                f"{c['prefill']:.0f} ({c['prefill'] / base['prefill']:.2f}x) | {comm} |"
+            )
         print(f"greedy tokens TP=2 == TP=1: {r['tp_greedy_equal']}")
     if "dp" in r:
-        print("\n| system | chat tok/s | chat TTFT p50/p99 ms | chat cache hit | mixed tok/s | mixed TTFT p50/p99 ms "
-              "| mixed TPOT p50/p99 ms |")
+        print(
+            "\n| system | chat tok/s | chat TTFT p50/p99 ms | chat cache hit | mixed tok/s | mixed TTFT p50/p99 ms "
+            "| mixed TPOT p50/p99 ms |"
+        )
         print("|---|---|---|---|---|---|---|")
         for name, c in r["dp"].items():
             ch, mx = c["chat"], c["mixed"]
             chat_tok_s = ch["conversations"] * ch["turns"] * 32 / ch["wall_s"]
-            print(f"| {name} | {chat_tok_s:.1f} | {ch['ttft_p50_ms']:.0f} / {ch['ttft_p99_ms']:.0f} | "
-                  f"{ch['hit_rate']:.1%} | {mx['throughput_tok_s']:.1f} | {mx['ttft_p50_ms']:.0f} / "
-                  f"{mx['ttft_p99_ms']:.0f} | {mx['tpot_p50_ms']:.1f} / {mx['tpot_p99_ms']:.1f} |")
+            print(
+                f"| {name} | {chat_tok_s:.1f} | {ch['ttft_p50_ms']:.0f} / {ch['ttft_p99_ms']:.0f} | "
+                f"{ch['hit_rate']:.1%} | {mx['throughput_tok_s']:.1f} | {mx['ttft_p50_ms']:.0f} / "
+                f"{mx['ttft_p99_ms']:.0f} | {mx['tpot_p50_ms']:.1f} / {mx['tpot_p99_ms']:.1f} |"
+            )
 
 
 def chart(r: dict[str, Any]) -> None:

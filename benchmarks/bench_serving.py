@@ -43,8 +43,23 @@ def start_server(model: Path, *extra: str, cpus: str | None = None) -> tuple[sub
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     pin = ["taskset", "-c", cpus] if cpus else []
-    proc = subprocess.Popen([*pin, sys.executable, "-m", "arbor", "serve", "--model-path", str(model),
-                             "--port", str(port), "--log-level", "warning", "--enable-cache-report", *extra])
+    proc = subprocess.Popen(
+        [
+            *pin,
+            sys.executable,
+            "-m",
+            "arbor",
+            "serve",
+            "--model-path",
+            str(model),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--enable-cache-report",
+            *extra,
+        ]
+    )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
@@ -66,8 +81,9 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-async def stream(port: int, path: str, body: dict[str, Any],
-                 key: str | None = None) -> tuple[list[float], list[dict[str, Any]]]:
+async def stream(
+    port: int, path: str, body: dict[str, Any], key: str | None = None
+) -> tuple[list[float], list[dict[str, Any]]]:
     """POST a streaming request (with `key` as its bearer token); the arrival time of each
     `data:` event and the events."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -75,8 +91,11 @@ async def stream(port: int, path: str, body: dict[str, Any],
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
     # HTTP/1.0: the answer comes without chunked transfer encoding, whose chunk-size lines
     # would otherwise land inside an event wherever a chunk splits one (sglang-router's do).
-    writer.write(f"POST {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
-                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    writer.write(
+        f"POST {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     await writer.drain()
     times, events = [], []
     while line := await reader.readline():
@@ -100,26 +119,48 @@ async def poisson_run(port: int, rate: float, n: int, seed: int) -> dict[str, An
     async def one(ids: list[int], out_len: int, delay: float) -> dict[str, float]:
         await asyncio.sleep(delay)
         t0 = time.perf_counter()
-        times, events = await stream(port, "/generate", {"input_ids": ids, "stream": True, "sampling_params": {
-            "max_new_tokens": out_len, "temperature": 0, "ignore_eos": True}})
+        times, events = await stream(
+            port,
+            "/generate",
+            {
+                "input_ids": ids,
+                "stream": True,
+                "sampling_params": {"max_new_tokens": out_len, "temperature": 0, "ignore_eos": True},
+            },
+        )
         tokens = len(events[-1]["output_ids"])
         ttft, e2e = times[0] - t0, times[-1] - t0
-        return {"ttft": ttft, "e2e": e2e, "tokens": tokens, "itl": [b - a for a, b in itertools.pairwise(times)],
-                "tpot": (e2e - ttft) / max(tokens - 1, 1)}
+        return {
+            "ttft": ttft,
+            "e2e": e2e,
+            "tokens": tokens,
+            "itl": [b - a for a, b in itertools.pairwise(times)],
+            "tpot": (e2e - ttft) / max(tokens - 1, 1),
+        }
 
     start = time.perf_counter()
     delays = [sum(gaps[: i + 1]) for i in range(n)]
     results = await asyncio.gather(*(one(ids, o, d) for (ids, o), d in zip(reqs, delays)))
     wall = time.perf_counter() - start
     itl = sorted(x for r in results for x in r["itl"])
-    return {"rate": rate, "requests": n, "wall_s": wall, "throughput_tok_s": sum(r["tokens"] for r in results) / wall,
-            **_pcts("ttft", [r["ttft"] for r in results]), **_pcts("tpot", [r["tpot"] for r in results]),
-            **_pcts("itl", itl), **_pcts("e2e", [r["e2e"] for r in results])}
+    return {
+        "rate": rate,
+        "requests": n,
+        "wall_s": wall,
+        "throughput_tok_s": sum(r["tokens"] for r in results) / wall,
+        **_pcts("ttft", [r["ttft"] for r in results]),
+        **_pcts("tpot", [r["tpot"] for r in results]),
+        **_pcts("itl", itl),
+        **_pcts("e2e", [r["e2e"] for r in results]),
+    }
 
 
 def _pcts(name: str, xs: list[float]) -> dict[str, float]:
     xs = sorted(xs)
-    return {f"{name}_p50_ms": statistics.median(xs) * 1e3, f"{name}_p99_ms": xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1e3}
+    return {
+        f"{name}_p50_ms": statistics.median(xs) * 1e3,
+        f"{name}_p99_ms": xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1e3,
+    }
 
 
 async def chat_trace(port: int, model: str, convs: int, turns: int) -> dict[str, Any]:
@@ -131,14 +172,27 @@ async def chat_trace(port: int, model: str, convs: int, turns: int) -> dict[str,
         nonlocal cached, prompt
         messages = [{"role": "system", "content": systems[c]}]
         for t in range(turns):
-            messages.append({"role": "user", "content": f"Turn {t}: " + " ".join(
-                f"w{rng.randrange(10**5)}" for _ in range(30))})
+            messages.append(
+                {"role": "user", "content": f"Turn {t}: " + " ".join(f"w{rng.randrange(10**5)}" for _ in range(30))}
+            )
             t0 = time.perf_counter()
-            times, events = await stream(port, "/v1/chat/completions", {
-                "model": model, "messages": messages, "max_tokens": 32, "temperature": 0, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}})
-            ttfts.append(next(ts for ts, e in zip(times, events) if e["choices"] and
-                              e["choices"][0]["delta"].get("content")) - t0)
+            times, events = await stream(
+                port,
+                "/v1/chat/completions",
+                {
+                    "model": model,
+                    "messages": messages,
+                    "max_tokens": 32,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
+            ttfts.append(
+                next(ts for ts, e in zip(times, events) if e["choices"] and e["choices"][0]["delta"].get("content"))
+                - t0
+            )
             usage = events[-1]["usage"]
             cached += usage["prompt_tokens_details"]["cached_tokens"]
             prompt += usage["prompt_tokens"]
@@ -147,8 +201,15 @@ async def chat_trace(port: int, model: str, convs: int, turns: int) -> dict[str,
 
     start = time.perf_counter()
     await asyncio.gather(*(conversation(c) for c in range(convs)))
-    return {"conversations": convs, "turns": turns, "wall_s": time.perf_counter() - start,
-            "cached_tokens": cached, "prompt_tokens": prompt, "hit_rate": cached / prompt, **_pcts("ttft", ttfts)}
+    return {
+        "conversations": convs,
+        "turns": turns,
+        "wall_s": time.perf_counter() - start,
+        "cached_tokens": cached,
+        "prompt_tokens": prompt,
+        "hit_rate": cached / prompt,
+        **_pcts("ttft", ttfts),
+    }
 
 
 # ----------------------------------------------------------------- report
@@ -170,8 +231,9 @@ def main() -> None:
     saved = OUT / "bench_serving.json"
     result: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() and not args.quick else {}
     if "peers" in sections:
-        result["peers"] = run_peers(args.systems.split(","), [float(r) for r in args.peer_rates.split(",")],
-                                    args.peer_requests)
+        result["peers"] = run_peers(
+            args.systems.split(","), [float(r) for r in args.peer_rates.split(",")], args.peer_requests
+        )
         report_peers(result["peers"])
         if not args.quick:
             OUT.mkdir(parents=True, exist_ok=True)
@@ -213,10 +275,12 @@ def run_peers(systems: list[str], rates: list[float], n: int) -> dict[str, Any]:
     out: dict[str, Any] = {"dtype": dtype, "requests": n, "skipped": dict(absent), "systems": {}}
     if "all peers" in absent:
         return out
-    servers = {"arbor": ("arbor", lambda: peers.arbor(dtype)),
-               "vllm": ("vllm (1 thread, default)", lambda: peers.vllm(dtype)),
-               "vllm-omp": (f"vllm (OMP_NUM_THREADS={os.cpu_count()})", lambda: peers.vllm(dtype, os.cpu_count())),
-               "llama-server": ("llama-server (16 slots)", lambda: peers.llama_server(dtype, 16))}
+    servers = {
+        "arbor": ("arbor", lambda: peers.arbor(dtype)),
+        "vllm": ("vllm (1 thread, default)", lambda: peers.vllm(dtype)),
+        "vllm-omp": (f"vllm (OMP_NUM_THREADS={os.cpu_count()})", lambda: peers.vllm(dtype, os.cpu_count())),
+        "llama-server": ("llama-server (16 slots)", lambda: peers.llama_server(dtype, 16)),
+    }
     for key in systems:
         if key in absent or key not in servers:
             continue
@@ -230,8 +294,11 @@ def run_peers(systems: list[str], rates: list[float], n: int) -> dict[str, Any]:
                     out["skipped"][f"{name} {rate} req/s"] = f"failed: {type(exc).__name__}: {exc}"
                     continue
                 out["systems"][name].append(row)
-                print(f"  {name:26} {rate:>4} req/s  TTFT p50 {row['ttft_p50_ms']:7.0f}  TPOT p99 "
-                      f"{row['tpot_p99_ms']:6.1f} ms", flush=True)
+                print(
+                    f"  {name:26} {rate:>4} req/s  TTFT p50 {row['ttft_p50_ms']:7.0f}  TPOT p99 "
+                    f"{row['tpot_p99_ms']:6.1f} ms",
+                    flush=True,
+                )
     return out
 
 
@@ -239,26 +306,38 @@ def report_peers(p: dict[str, Any]) -> None:
     print(f"\npeers: Poisson serving, {p['requests']} requests per rate, {p['dtype']} for every system (ms)")
     for name, why in p["skipped"].items():
         print(f"  skipped {name}: {why}")
-    print(f"  {'system':26} {'rate':>5} {'tok/s':>7} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} "
-          f"{'ITL p50':>8} {'p99':>7}")
+    print(
+        f"  {'system':26} {'rate':>5} {'tok/s':>7} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} "
+        f"{'ITL p50':>8} {'p99':>7}"
+    )
     for name, rows in p["systems"].items():
         for r in rows:
-            print(f"  {name:26} {r['rate']:>5} {r['tok_s']:>7.1f} {r['ttft_p50_ms']:>9.0f} {r['ttft_p99_ms']:>7.0f} "
-                  f"{r['tpot_p50_ms']:>9.1f} {r['tpot_p99_ms']:>7.1f} {r['itl_p50_ms']:>8.1f} {r['itl_p99_ms']:>7.1f}")
+            print(
+                f"  {name:26} {r['rate']:>5} {r['tok_s']:>7.1f} {r['ttft_p50_ms']:>9.0f} {r['ttft_p99_ms']:>7.0f} "
+                f"{r['tpot_p50_ms']:>9.1f} {r['tpot_p99_ms']:>7.1f} {r['itl_p50_ms']:>8.1f} {r['itl_p99_ms']:>7.1f}"
+            )
 
 
 def report(r: dict[str, Any]) -> None:
     print(f"bench_serving: {r['spec']['layers']} layers, hidden {r['spec']['hidden']}, streamed /generate")
-    print(f"{'rate':>5} {'tok/s':>7} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} {'ITL p50':>8} {'p99':>7}  (ms)")
+    print(
+        f"{'rate':>5} {'tok/s':>7} {'TTFT p50':>9} {'p99':>7} {'TPOT p50':>9} {'p99':>7} {'ITL p50':>8} {'p99':>7}  (ms)"
+    )
     for row in r["poisson"]:
-        print(f"{row['rate']:>5} {row['throughput_tok_s']:>7.1f} {row['ttft_p50_ms']:>9.0f} {row['ttft_p99_ms']:>7.0f} "
-              f"{row['tpot_p50_ms']:>9.1f} {row['tpot_p99_ms']:>7.1f} {row['itl_p50_ms']:>8.1f} {row['itl_p99_ms']:>7.1f}")
+        print(
+            f"{row['rate']:>5} {row['throughput_tok_s']:>7.1f} {row['ttft_p50_ms']:>9.0f} {row['ttft_p99_ms']:>7.0f} "
+            f"{row['tpot_p50_ms']:>9.1f} {row['tpot_p99_ms']:>7.1f} {row['itl_p50_ms']:>8.1f} {row['itl_p99_ms']:>7.1f}"
+        )
     on, off = r["chat"]["cache_on"], r["chat"]["cache_off"]
     print(f"\nchat trace ({on['conversations']} conversations x {on['turns']} turns, /v1/chat/completions):")
     for name, c in (("cache on", on), ("cache off", off)):
-        print(f"  {name:9} wall {c['wall_s']:6.1f} s  TTFT p50 {c['ttft_p50_ms']:6.0f} ms  p99 {c['ttft_p99_ms']:6.0f} ms"
-              f"  hit rate {c['hit_rate']:.1%}")
-    print(f"  cache on: {off['wall_s'] / on['wall_s']:.2f}x faster, TTFT p50 {off['ttft_p50_ms'] / on['ttft_p50_ms']:.2f}x lower")
+        print(
+            f"  {name:9} wall {c['wall_s']:6.1f} s  TTFT p50 {c['ttft_p50_ms']:6.0f} ms  p99 {c['ttft_p99_ms']:6.0f} ms"
+            f"  hit rate {c['hit_rate']:.1%}"
+        )
+    print(
+        f"  cache on: {off['wall_s'] / on['wall_s']:.2f}x faster, TTFT p50 {off['ttft_p50_ms'] / on['ttft_p50_ms']:.2f}x lower"
+    )
 
 
 def chart(r: dict[str, Any]) -> None:
@@ -288,8 +367,11 @@ def chart(r: dict[str, Any]) -> None:
         ax.set_title(title)
         ax.legend()
     chat = r["chat"]
-    axes[2].bar(["cache on", "cache off"], [chat["cache_on"]["ttft_p50_ms"], chat["cache_off"]["ttft_p50_ms"]],
-                color=["C0", "C2"])
+    axes[2].bar(
+        ["cache on", "cache off"],
+        [chat["cache_on"]["ttft_p50_ms"], chat["cache_off"]["ttft_p50_ms"]],
+        color=["C0", "C2"],
+    )
     axes[2].set_ylabel("TTFT p50 (ms)")
     axes[2].set_title("multi-turn chat")
     fig.suptitle("Online serving, medium tiny Llama, 2-core CPU")

@@ -41,8 +41,14 @@ def modes(draft: Path, token_map: Path) -> dict[str, dict[str, Any]]:
     ngram = {"speculative_algorithm": "ngram"}
     with_draft = {"speculative_algorithm": "draft", "speculative_draft_model_path": str(draft)}
     tuned = with_draft | {"speculative_num_draft_tokens": 6, "speculative_token_map": str(token_map)}
-    return {"off": {}, "ngram": ngram, "ngram, always": ngram | ALWAYS, "draft": with_draft,
-            "draft, always": with_draft | ALWAYS, "draft K=6, map": tuned}
+    return {
+        "off": {},
+        "ngram": ngram,
+        "ngram, always": ngram | ALWAYS,
+        "draft": with_draft,
+        "draft, always": with_draft | ALWAYS,
+        "draft K=6, map": tuned,
+    }
 
 
 KV_TOKENS = 32_768  # every engine the same pool: 64 requests x 256 tokens fit, and six engines fit in memory
@@ -55,8 +61,9 @@ class ArborSystem:
         from arbor import Engine
 
         self.params = {"max_new_tokens": out_len, "temperature": 0, "ignore_eos": True}
-        self.engine = stack.enter_context(Engine(str(path), max_running_requests=max(BATCHES),
-                                                 max_total_tokens=KV_TOKENS, **extra))
+        self.engine = stack.enter_context(
+            Engine(str(path), max_running_requests=max(BATCHES), max_total_tokens=KV_TOKENS, **extra)
+        )
 
     def run(self, prompts: list[list[int]]) -> tuple[float, list[dict[str, Any]]]:
         self.engine.flush_cache()
@@ -75,11 +82,34 @@ class LlamaSystem:
         gguf = peers.PEERS / "eval-gguf"
         kind = "bf16" if peers.dtype_name() == "bfloat16" else "f32"
         slots = max(BATCHES)
-        cmd = [str(peers.LLAMA_BIN), "-m", str(gguf / "target" / f"model-{kind}.gguf"), "-t", "2", "-tb", "2",
-               "-c", str(slots * 512), "-np", str(slots), "-fa", "on", "--host", "127.0.0.1", "--port", "{port}"]
+        cmd = [
+            str(peers.LLAMA_BIN),
+            "-m",
+            str(gguf / "target" / f"model-{kind}.gguf"),
+            "-t",
+            "2",
+            "-tb",
+            "2",
+            "-c",
+            str(slots * 512),
+            "-np",
+            str(slots),
+            "-fa",
+            "on",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "{port}",
+        ]
         if draft:
-            cmd += ["-md", str(gguf / "draft" / f"model-{kind}.gguf"), "--spec-type", "draft-simple",
-                    "--spec-draft-n-max", "4"]
+            cmd += [
+                "-md",
+                str(gguf / "draft" / f"model-{kind}.gguf"),
+                "--spec-type",
+                "draft-simple",
+                "--spec-draft-n-max",
+                "4",
+            ]
         self.system = stack.enter_context(peers.serve("llama-server-md" if draft else "llama-server", cmd))
         self.out_len = out_len
 
@@ -95,8 +125,9 @@ def _groups(prompts: list[list[int]], b: int) -> list[list[list[int]]]:
     return [prompts[i : i + b] for i in range(0, max(b, SOLO), b)]
 
 
-def measure(systems: dict[str, Any], prompts: list[list[int]], out_len: int, repeats: int
-            ) -> dict[str, dict[int, dict[str, Any]]]:
+def measure(
+    systems: dict[str, Any], prompts: list[list[int]], out_len: int, repeats: int
+) -> dict[str, dict[int, dict[str, Any]]]:
     """Every cell `repeats` times, interleaved: round r runs every batch size on every system
     in turn, so a slow minute on this shared machine lands on all systems alike."""
     for s in systems.values():
@@ -120,8 +151,11 @@ def measure(systems: dict[str, Any], prompts: list[list[int]], out_len: int, rep
         for b in BATCHES:
             outs = last[name][b]
             accept = [o["meta_info"].get("spec_accept_len", 1.0) for o in outs] if outs else [float("nan")]
-            cells[name][b] = {"tok_s": max(b, SOLO) * out_len / statistics.median(times[name][b]), "runs_s": times[name][b],
-                              "accept_len": statistics.mean(accept)}
+            cells[name][b] = {
+                "tok_s": max(b, SOLO) * out_len / statistics.median(times[name][b]),
+                "runs_s": times[name][b],
+                "accept_len": statistics.mean(accept),
+            }
             if outs:
                 cells[name][b]["outputs"] = [o["output_ids"] for o in outs]
     return cells
@@ -140,8 +174,13 @@ def main() -> None:
 
     path, draft = make_eval_models.ensure("target"), make_eval_models.ensure("draft")
     prompts = eval_data.heldout_windows(path, max(BATCHES), args.prompt_len)
-    result: dict[str, Any] = {"model": path.name, "dtype": str(resolve_dtype("auto", torch.device("cpu"))),
-                              "prompt_len": args.prompt_len, "out_len": args.out_len, "modes": {}}
+    result: dict[str, Any] = {
+        "model": path.name,
+        "dtype": str(resolve_dtype("auto", torch.device("cpu"))),
+        "prompt_len": args.prompt_len,
+        "out_len": args.out_len,
+        "modes": {},
+    }
     peer_ready = (Path.home() / ".cache" / "arbor-peers" / "eval-gguf" / "draft").exists()
     if not peer_ready:
         print("llama-server skipped: no GGUF conversions of the pair under ~/.cache/arbor-peers/eval-gguf")

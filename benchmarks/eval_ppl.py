@@ -31,8 +31,13 @@ def arbor_ppl(model_path: Path, windows: list[list[int]], dtype: str = "auto", *
     from arbor import Engine
 
     with Engine(str(model_path), dtype=dtype, **engine_args) as engine:
-        outs = engine.generate(input_ids=windows, sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                               logprob_start_len=0, progress=False)
+        outs = engine.generate(
+            input_ids=windows,
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=0,
+            progress=False,
+        )
     logprobs = [e[0] for out in outs for e in out["meta_info"]["input_token_logprobs"][1:]]
     assert len(logprobs) == sum(len(w) - 1 for w in windows), "a logprob for every token but the first"
     return math.exp(-sum(logprobs) / len(logprobs))
@@ -62,8 +67,14 @@ def unigram_ppl(tokenizer_dir: Path, windows: list[list[int]], vocab: int) -> fl
     return math.exp(sum(nll) / len(nll))
 
 
-def evaluate(paths: list[Path], names: list[str] | None = None, dtype: str = "auto", check_hf: bool = False,
-             windows: int = WINDOWS, length: int = LENGTH) -> dict[str, Any]:
+def evaluate(
+    paths: list[Path],
+    names: list[str] | None = None,
+    dtype: str = "auto",
+    check_hf: bool = False,
+    windows: int = WINDOWS,
+    length: int = LENGTH,
+) -> dict[str, Any]:
     """Perplexities of every model and the unigram baseline on the same held-out windows."""
     import eval_data
     from transformers import AutoConfig
@@ -74,8 +85,14 @@ def evaluate(paths: list[Path], names: list[str] | None = None, dtype: str = "au
     ws = eval_data.heldout_windows(paths[0], windows, length)
     vocab = AutoConfig.from_pretrained(paths[0]).vocab_size
     dtype_name = str(resolve_dtype(dtype, torch.device("cpu"))).removeprefix("torch.")
-    result: dict[str, Any] = {"windows": windows, "length": length, "dtype": dtype_name, "corpus": eval_data.corpus_tag(),
-                              "unigram": unigram_ppl(paths[0], ws, vocab), "models": {}}
+    result: dict[str, Any] = {
+        "windows": windows,
+        "length": length,
+        "dtype": dtype_name,
+        "corpus": eval_data.corpus_tag(),
+        "unigram": unigram_ppl(paths[0], ws, vocab),
+        "models": {},
+    }
     for name, path in zip(names, paths):
         row = {"path": str(path), "arbor": arbor_ppl(path, ws, dtype)}
         if check_hf:
@@ -85,8 +102,10 @@ def evaluate(paths: list[Path], names: list[str] | None = None, dtype: str = "au
 
 
 def report(result: dict[str, Any]) -> None:
-    print(f"\nheld-out perplexity: {result['windows']} windows x {result['length']} tokens of the "
-          f"{result['corpus']} standard library, Arbor in {result['dtype']}")
+    print(
+        f"\nheld-out perplexity: {result['windows']} windows x {result['length']} tokens of the "
+        f"{result['corpus']} standard library, Arbor in {result['dtype']}"
+    )
     print(f"  {'model':10} {'Arbor':>10} {'transformers fp32':>18}")
     for name, row in result["models"].items():
         hf = f"{row['transformers_fp32']:.2f}" if "transformers_fp32" in row else "-"
@@ -103,8 +122,9 @@ def main() -> None:
     ap.add_argument("--check-hf", action="store_true", help="also compute transformers' fp32 perplexity")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
     args = ap.parse_args()
-    result = evaluate(args.model_path, dtype=args.dtype, check_hf=args.check_hf, windows=args.windows,
-                      length=args.length)
+    result = evaluate(
+        args.model_path, dtype=args.dtype, check_hf=args.check_hf, windows=args.windows, length=args.length
+    )
     report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -31,8 +31,9 @@ def main() -> int:
     outs = {}
     for tp in (1, 2):
         with Engine(str(path), dtype="float32", device="cuda", attention_backend="triton", tp_size=tp) as engine:
-            outs[tp] = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=greedy,
-                                                                progress=False)]
+            outs[tp] = [
+                o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=greedy, progress=False)
+            ]
     same = sum(a == b for a, b in zip(outs[1], outs[2], strict=True))
     print(f"TP=2 over NCCL vs TP=1, triton backend, fp32: {same}/{len(prompts)} greedy outputs equal")
     return 0 if same == len(prompts) else 1

@@ -80,9 +80,27 @@ class HealthProbe(threading.Thread):
 
 
 def _locust(base: str, users: int, rate: int, seconds: int, max_new: int, prefix: str) -> dict[str, dict]:
-    cmd = [str(Path(sys.executable).with_name("locust")), "-f", str(LOCUSTFILE), "--headless", "-u", str(users),
-           "-r", str(rate), "-t", f"{seconds}s", "--host", base, "--csv", prefix, "--only-summary",
-           "--stop-timeout", "30", "--loglevel", "WARNING"]
+    cmd = [
+        str(Path(sys.executable).with_name("locust")),
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "-u",
+        str(users),
+        "-r",
+        str(rate),
+        "-t",
+        f"{seconds}s",
+        "--host",
+        base,
+        "--csv",
+        prefix,
+        "--only-summary",
+        "--stop-timeout",
+        "30",
+        "--loglevel",
+        "WARNING",
+    ]
     subprocess.run(cmd, env={**os.environ, "LOAD_MAX_NEW_TOKENS": str(max_new)}, timeout=seconds + 300, check=False)
     with open(prefix + "_stats.csv") as f:
         return {f"{row['Type']} {row['Name']}": row for row in csv.DictReader(f)}
@@ -126,25 +144,50 @@ def main() -> int:
     refused = sum(int(r["Request Count"]) for k, r in stats.items() if k.startswith("REFUSED"))
     hung_up = int(stats.get("POST hang-up", {}).get("Request Count", 0))
     result = {
-        "meta": {"users": args.users, "spawn_rate": args.spawn_rate, "seconds": args.seconds,
-                 "max_new_tokens": args.max_new_tokens, "dtype": "float32", "checkpoint": "built-in tiny",
-                 "cpus": os.cpu_count()},
-        "requests": requests, "failures": failures, "refused_429_503": refused, "hung_up_mid_stream": hung_up,
-        "leaked_slots": int(after["total_slots"] - after["free_slots"]), "invariant_ok": after["invariant_ok"] == 1.0,
-        "idle_after": after["running"] == after["waiting"] == 0, "rss_start_mb": round(start_mb, 1),
-        "rss_end_mb": round(end_mb, 1), "health_p50_ms": round(statistics.median(latencies), 2) if latencies else None,
-        "health_p99_ms": round(p99, 2), "health_max_ms": round(latencies[-1], 2) if latencies else None,
+        "meta": {
+            "users": args.users,
+            "spawn_rate": args.spawn_rate,
+            "seconds": args.seconds,
+            "max_new_tokens": args.max_new_tokens,
+            "dtype": "float32",
+            "checkpoint": "built-in tiny",
+            "cpus": os.cpu_count(),
+        },
+        "requests": requests,
+        "failures": failures,
+        "refused_429_503": refused,
+        "hung_up_mid_stream": hung_up,
+        "leaked_slots": int(after["total_slots"] - after["free_slots"]),
+        "invariant_ok": after["invariant_ok"] == 1.0,
+        "idle_after": after["running"] == after["waiting"] == 0,
+        "rss_start_mb": round(start_mb, 1),
+        "rss_end_mb": round(end_mb, 1),
+        "health_p50_ms": round(statistics.median(latencies), 2) if latencies else None,
+        "health_p99_ms": round(p99, 2),
+        "health_max_ms": round(latencies[-1], 2) if latencies else None,
     }
     checks = {
-        "no failures": failures == 0, "0 leaked slots": result["leaked_slots"] == 0,
-        "invariant holds": result["invariant_ok"], "idle afterwards": result["idle_after"],
+        "no failures": failures == 0,
+        "0 leaked slots": result["leaked_slots"] == 0,
+        "invariant holds": result["invariant_ok"],
+        "idle afterwards": result["idle_after"],
         "memory back near start": end_mb <= start_mb * MEMORY_SLACK,
         f"/health p99 < {HEALTH_P99_MS:.0f} ms": p99 < HEALTH_P99_MS,
     }
     result["checks"] = checks
     print(f"{'metric':<28}{'value':>14}")
-    for key in ("requests", "failures", "refused_429_503", "hung_up_mid_stream", "leaked_slots", "rss_start_mb",
-                "rss_end_mb", "health_p50_ms", "health_p99_ms", "health_max_ms"):
+    for key in (
+        "requests",
+        "failures",
+        "refused_429_503",
+        "hung_up_mid_stream",
+        "leaked_slots",
+        "rss_start_mb",
+        "rss_end_mb",
+        "health_p50_ms",
+        "health_p99_ms",
+        "health_max_ms",
+    ):
         print(f"{key:<28}{result[key]!s:>14}")
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
@@ -166,8 +209,10 @@ def _chart(samples: list[tuple[float, float]], result: dict, path: Path) -> None
     ax.axhline(HEALTH_P99_MS, color="red", ls="--", lw=0.8, label=f"{HEALTH_P99_MS:.0f} ms")
     ax.set_xlabel("seconds since the load started")
     ax.set_ylabel("/health latency (ms)")
-    ax.set_title(f"{result['meta']['users']} streaming clients: {result['requests']} requests, "
-                 f"{result['refused_429_503']} refused, {result['failures']} failed")
+    ax.set_title(
+        f"{result['meta']['users']} streaming clients: {result['requests']} requests, "
+        f"{result['refused_429_503']} refused, {result['failures']} failed"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

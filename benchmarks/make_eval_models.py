@@ -120,10 +120,18 @@ def train(name: str, recipe: Recipe, seed: int, out: Path) -> None:
 
     stream = torch.tensor([t for ids in eval_data.tokenize_split(out, held_out=False) for t in ids], dtype=torch.int64)
     config = LlamaConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=recipe.hidden, intermediate_size=recipe.intermediate,
-        num_hidden_layers=recipe.layers, num_attention_heads=recipe.heads, num_key_value_heads=recipe.kv_heads,
-        max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True, bos_token_id=EOS_TOKEN_ID,
-        eos_token_id=EOS_TOKEN_ID, rms_norm_eps=1e-5, rope_theta=10000.0,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=recipe.hidden,
+        intermediate_size=recipe.intermediate,
+        num_hidden_layers=recipe.layers,
+        num_attention_heads=recipe.heads,
+        num_key_value_heads=recipe.kv_heads,
+        max_position_embeddings=MAX_POSITIONS,
+        tie_word_embeddings=True,
+        bos_token_id=EOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).train()
@@ -146,10 +154,20 @@ def train(name: str, recipe: Recipe, seed: int, out: Path) -> None:
         log.append(round(loss.item(), 4))
         bar.set_postfix(loss=f"{sum(log[-20:]) / len(log[-20:]):.3f}")
     model.save_pretrained(out, safe_serialization=True)
-    (out / "train_log.json").write_text(json.dumps({
-        "recipe": asdict(recipe), "seed": seed, "seq_len": SEQ_LEN, "batch": BATCH, "bf16_autocast": autocast,
-        "train_tokens": int(stream.numel()), "seconds": round(time.perf_counter() - t0, 1), "loss": log,
-    }))
+    (out / "train_log.json").write_text(
+        json.dumps(
+            {
+                "recipe": asdict(recipe),
+                "seed": seed,
+                "seq_len": SEQ_LEN,
+                "batch": BATCH,
+                "bf16_autocast": autocast,
+                "train_tokens": int(stream.numel()),
+                "seconds": round(time.perf_counter() - t0, 1),
+                "loss": log,
+            }
+        )
+    )
 
 
 def _lr_factor(step: int, steps: int) -> float:
@@ -163,10 +181,17 @@ def _lr_factor(step: int, steps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="seeds the initial weights and the batches")
-    ap.add_argument("--print", choices=sorted(RECIPES), default=None,
-                    help="print only this model's path (training it first if needed)")
-    ap.add_argument("--token-map", action="store_true",
-                    help="with --print draft: print the draft's FR-Spec token map instead (writing it first)")
+    ap.add_argument(
+        "--print",
+        choices=sorted(RECIPES),
+        default=None,
+        help="print only this model's path (training it first if needed)",
+    )
+    ap.add_argument(
+        "--token-map",
+        action="store_true",
+        help="with --print draft: print the draft's FR-Spec token map instead (writing it first)",
+    )
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out perplexity table")
     args = ap.parse_args()
     if args.print:

@@ -114,16 +114,22 @@ def _wait_ready(proc: subprocess.Popen, port: int, timeout: float) -> None:
 
 
 @contextmanager
-def serve(name: str, cmd: list[str], env: dict[str, str] | None = None, notes: str = "",
-          timeout: float = 600) -> Iterator[System]:
+def serve(
+    name: str, cmd: list[str], env: dict[str, str] | None = None, notes: str = "", timeout: float = 600
+) -> Iterator[System]:
     """Start a server on 127.0.0.1 (its command takes the port via `{port}`), wait until
     `/v1/models` answers, yield it, and stop it."""
     port = free_port()
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-{name}.log", "w")  # noqa: SIM115
     # A session of its own, so stopping it stops its children too (vLLM's engine core
     # outlived a timed-out server once and took a core from the next measurement).
-    proc = subprocess.Popen([c.format(port=port) for c in cmd], env={**os.environ, **(env or {})},
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [c.format(port=port) for c in cmd],
+        env={**os.environ, **(env or {})},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         _wait_ready(proc, port, timeout)
         model = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"][0]["id"]
@@ -149,29 +155,82 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def arbor(dtype: str, *extra: str) -> Any:
-    cmd = [sys.executable, "-m", "arbor", "serve", "--model-path", str(CKPT), "--port", "{port}",
-           "--dtype", dtype, "--max-running-requests", "64", "--log-level", "warning", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "arbor",
+        "serve",
+        "--model-path",
+        str(CKPT),
+        "--port",
+        "{port}",
+        "--dtype",
+        dtype,
+        "--max-running-requests",
+        "64",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     return serve("arbor", cmd, notes=" ".join(extra))
 
 
-def vllm(dtype: str, threads: int | None = None, model: Path = CKPT, name: str | None = None,
-         extra: list[str] | None = None, timeout: float = 600) -> Any:
+def vllm(
+    dtype: str,
+    threads: int | None = None,
+    model: Path = CKPT,
+    name: str | None = None,
+    extra: list[str] | None = None,
+    timeout: float = 600,
+) -> Any:
     """vLLM's CPU build; `threads` None keeps its default (one torch thread on 2 cores)."""
     env = {"VLLM_CPU_KVCACHE_SPACE": "4"}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    cmd = [str(VLLM_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype", dtype,
-           "--host", "127.0.0.1", "--port", "{port}", "--max-num-seqs", "64", *(extra or [])]
+    cmd = [
+        str(VLLM_PY),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--dtype",
+        dtype,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--max-num-seqs",
+        "64",
+        *(extra or []),
+    ]
     name = name or ("vllm" if threads is None else f"vllm-omp{threads}")
-    return serve(name, cmd, env, notes="default threads" if threads is None else f"OMP_NUM_THREADS={threads}",
-                 timeout=timeout)
+    return serve(
+        name, cmd, env, notes="default threads" if threads is None else f"OMP_NUM_THREADS={threads}", timeout=timeout
+    )
 
 
 def llama_server(dtype: str, slots: int, ctx_per_slot: int = 2048) -> Any:
     gguf = GGUF / ("model-bf16.gguf" if dtype == "bfloat16" else "model-f32.gguf")
     threads = str(os.cpu_count() or 2)
-    cmd = [str(LLAMA_BIN), "-m", str(gguf), "-t", threads, "-tb", threads, "-c", str(slots * ctx_per_slot),
-           "-np", str(slots), "-fa", "on", "--host", "127.0.0.1", "--port", "{port}"]
+    cmd = [
+        str(LLAMA_BIN),
+        "-m",
+        str(gguf),
+        "-t",
+        threads,
+        "-tb",
+        threads,
+        "-c",
+        str(slots * ctx_per_slot),
+        "-np",
+        str(slots),
+        "-fa",
+        "on",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+    ]
     return serve(f"llama-server-{slots}", cmd, notes=f"{slots} slots, flash attention")
 
 
@@ -179,8 +238,15 @@ def llama_server(dtype: str, slots: int, ctx_per_slot: int = 2048) -> Any:
 
 
 def body(system: System, prompt: list[int], out_len: int, stream: bool = False) -> dict[str, Any]:
-    req = {"model": system.model, "prompt": prompt, "max_tokens": out_len, "min_tokens": out_len,
-           "ignore_eos": True, "temperature": 0, "stream": stream}
+    req = {
+        "model": system.model,
+        "prompt": prompt,
+        "max_tokens": out_len,
+        "min_tokens": out_len,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": stream,
+    }
     if system.name.startswith("llama-server"):
         req["cache_prompt"] = True
     return req
@@ -210,8 +276,9 @@ async def _stream(client: httpx.AsyncClient, system: System, prompt: list[int], 
 def client() -> httpx.AsyncClient:
     """A connection per request (no keep-alive): a server that closes an idle kept-alive
     connection (llama-server did, once, mid-run) must not fail the next request."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(1800),
-                             limits=httpx.Limits(max_connections=256, max_keepalive_connections=0))
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(1800), limits=httpx.Limits(max_connections=256, max_keepalive_connections=0)
+    )
 
 
 async def run_all(system: System, work: Workload) -> float:
@@ -262,8 +329,12 @@ def chat_trace(system: System, convs: int = 8, turns: int = 4) -> dict[str, floa
     asyncio.run(run_all(system, warmup()))
     wall = asyncio.run(run())
     ttfts.sort()
-    return {"wall_s": wall, "tok_s": convs * turns * 32 / wall, "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3,
-            "ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] * 1e3}
+    return {
+        "wall_s": wall,
+        "tok_s": convs * turns * 32 / wall,
+        "ttft_p50_ms": ttfts[len(ttfts) // 2] * 1e3,
+        "ttft_p99_ms": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] * 1e3,
+    }
 
 
 def poisson(system: System, rate: float, n: int, seed: int) -> dict[str, float]:
@@ -280,8 +351,11 @@ def poisson(system: System, rate: float, n: int, seed: int) -> dict[str, float]:
         t0 = time.perf_counter()
         times = await _stream(c, system, ids, out_len)
         ttft, e2e = times[0] - t0, times[-1] - t0
-        return {"ttft": ttft, "tpot": (e2e - ttft) / max(out_len - 1, 1),
-                "itl": [b - a for a, b in itertools.pairwise(times)]}
+        return {
+            "ttft": ttft,
+            "tpot": (e2e - ttft) / max(out_len - 1, 1),
+            "itl": [b - a for a, b in itertools.pairwise(times)],
+        }
 
     async def run() -> tuple[float, list[dict[str, Any]]]:
         async with client() as c:
@@ -292,8 +366,11 @@ def poisson(system: System, rate: float, n: int, seed: int) -> dict[str, float]:
     asyncio.run(run_all(system, warmup()))
     wall, res = asyncio.run(run())
     out = {"rate": rate, "requests": n, "tok_s": sum(o for _, o in reqs) / wall}
-    for key, xs in (("ttft", [r["ttft"] for r in res]), ("tpot", [r["tpot"] for r in res]),
-                    ("itl", [x for r in res for x in r["itl"]])):
+    for key, xs in (
+        ("ttft", [r["ttft"] for r in res]),
+        ("tpot", [r["tpot"] for r in res]),
+        ("itl", [x for r in res for x in r["itl"]]),
+    ):
         xs = sorted(xs)
         out[f"{key}_p50_ms"] = xs[len(xs) // 2] * 1e3
         out[f"{key}_p99_ms"] = xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1e3

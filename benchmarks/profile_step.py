@@ -37,10 +37,12 @@ import torch
 OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 PEER_CKPT = Path.home() / ".cache" / "arbor-peers" / "ckpt"
 PARTS = ["GEMMs", "attention", "norm/rope/act", "other forward", "LM head", "sampling", "scheduler", "IPC+detok"]
-ATTN_PARTS = {"gather": ("index", "gather", "copy", "cat", "contiguous", "clone", "unflatten", "select", "slice"),
-              "softmax": ("softmax", "exp", "max", "logsumexp", "sub", "amax", "log"),
-              "matmul": ("bmm", "mm", "matmul", "baddbmm"),
-              "fused sdpa": ("scaled_dot_product", "flash_attention")}
+ATTN_PARTS = {
+    "gather": ("index", "gather", "copy", "cat", "contiguous", "clone", "unflatten", "select", "slice"),
+    "softmax": ("softmax", "exp", "max", "logsumexp", "sub", "amax", "log"),
+    "matmul": ("bmm", "mm", "matmul", "baddbmm"),
+    "fused sdpa": ("scaled_dot_product", "flash_attention"),
+}
 
 
 class Clock:
@@ -53,6 +55,7 @@ class Clock:
     def wrap(self, part: str, fn: Callable, outer: bool = False) -> Callable:
         """`outer` parts (the whole forward) contain others; other parts nested in a timed
         part count towards the outermost one."""
+
         def timed(*a: Any, **k: Any) -> Any:
             if self.depth and not outer:
                 return fn(*a, **k)
@@ -63,6 +66,7 @@ class Clock:
             finally:
                 self.t[part] += time.perf_counter() - t0
                 self.depth -= not outer
+
         return timed
 
 
@@ -95,9 +99,14 @@ def make_scheduler(path: str, dtype: str, batch: int, context: int) -> Any:
     from arbor.runtime.config import ServerArgs
     from arbor.runtime.scheduler.scheduler import Scheduler
 
-    args = ServerArgs.from_flags(dtype=dtype, max_running_requests=batch, max_total_tokens=batch * (context + 64) + 4096,
-                      max_prefill_tokens=max(8192, batch * context), chunked_prefill_size=0,
-                      disable_radix_cache=True)
+    args = ServerArgs.from_flags(
+        dtype=dtype,
+        max_running_requests=batch,
+        max_total_tokens=batch * (context + 64) + 4096,
+        max_prefill_tokens=max(8192, batch * context),
+        chunked_prefill_size=0,
+        disable_radix_cache=True,
+    )
     return Scheduler(args, path)
 
 
@@ -108,8 +117,14 @@ def add_requests(sched: Any, batch: int, prompt_len: int, max_new: int, rng: ran
     vocab = min(sched.runner.config.vocab_size, 50000)
     for _ in range(batch):
         ids = [rng.randrange(vocab) for _ in range(prompt_len)]
-        sched.add(TokenizedGenerateReq(rid=f"r{rng.random()}", input_ids=pack_ids(ids), stream=True, sampling=SamplingParams(
-            max_new_tokens=max_new, temperature=0, ignore_eos=True)))
+        sched.add(
+            TokenizedGenerateReq(
+                rid=f"r{rng.random()}",
+                input_ids=pack_ids(ids),
+                stream=True,
+                sampling=SamplingParams(max_new_tokens=max_new, temperature=0, ignore_eos=True),
+            )
+        )
 
 
 def abort_all(sched: Any) -> None:
@@ -144,8 +159,9 @@ def ipc_detok_ms(outs: list, tokenizer: Any) -> float:
     return statistics.median(times) * 1e3
 
 
-def measure(sched: Any, clock: Clock, kind: str, batch: int, prompt_len: int, steps: int, tokenizer: Any,
-            rng: random.Random) -> dict[str, float]:
+def measure(
+    sched: Any, clock: Clock, kind: str, batch: int, prompt_len: int, steps: int, tokenizer: Any, rng: random.Random
+) -> dict[str, float]:
     """Median per-part ms over `steps` steps of `kind` (decode or prefill) at `batch`."""
     rows = []
     last_outs: list = []
@@ -217,8 +233,15 @@ def main() -> None:
     from arbor.runtime.model.runner import resolve_dtype
     from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 
-    path = args.model_path or (str(PEER_CKPT) if PEER_CKPT.exists() else str(make_tiny_model(
-        Path(tempfile.mkdtemp()) / "medium", TinySpec(arch="llama", layers=8, hidden=512, heads=8, kv_heads=2))))
+    path = args.model_path or (
+        str(PEER_CKPT)
+        if PEER_CKPT.exists()
+        else str(
+            make_tiny_model(
+                Path(tempfile.mkdtemp()) / "medium", TinySpec(arch="llama", layers=8, hidden=512, heads=8, kv_heads=2)
+            )
+        )
+    )
     dtype = str(resolve_dtype(args.dtype, torch.device("cpu"))).removeprefix("torch.")
     tokenizer = AutoTokenizer.from_pretrained(path)
     rng = random.Random(0)
@@ -228,17 +251,36 @@ def main() -> None:
         clock = Clock()
         instrument(sched, clock)
         prefill = measure(sched, clock, "prefill", batch, args.prefill_len, args.steps, tokenizer, rng)
-        cells.append({"kind": "prefill", "batch": batch, "parts": prefill,
-                      "attention_ops": attention_split(sched, "prefill", batch, args.prefill_len, rng)})
+        cells.append(
+            {
+                "kind": "prefill",
+                "batch": batch,
+                "parts": prefill,
+                "attention_ops": attention_split(sched, "prefill", batch, args.prefill_len, rng),
+            }
+        )
         add_requests(sched, batch, args.context, args.steps + 10, rng)
         while sched.waiting:
             sched.step()
         decode = measure(sched, clock, "decode", batch, args.context, args.steps, tokenizer, rng)
-        cells.append({"kind": "decode", "batch": batch, "parts": decode,
-                      "attention_ops": attention_split(sched, "decode", batch, args.context, rng)})
+        cells.append(
+            {
+                "kind": "decode",
+                "batch": batch,
+                "parts": decode,
+                "attention_ops": attention_split(sched, "decode", batch, args.context, rng),
+            }
+        )
         sched.close()
-    result = {"model": path, "dtype": dtype, "threads": torch.get_num_threads(), "context": args.context,
-              "prefill_len": args.prefill_len, "backend": type(sched.runner.attn_backend).__name__, "cells": cells}
+    result = {
+        "model": path,
+        "dtype": dtype,
+        "threads": torch.get_num_threads(),
+        "context": args.context,
+        "prefill_len": args.prefill_len,
+        "backend": type(sched.runner.attn_backend).__name__,
+        "cells": cells,
+    }
     report(result)
     if args.save:
         OUT.mkdir(parents=True, exist_ok=True)
@@ -247,8 +289,10 @@ def main() -> None:
 
 
 def report(r: dict[str, Any]) -> None:
-    print(f"profile_step: {r['model']}, {r['dtype']}, {r['threads']} threads, {r['backend']}; decode at "
-          f"{r['context']} cached tokens/request, prefill {r['prefill_len']} tokens/request; median ms per step")
+    print(
+        f"profile_step: {r['model']}, {r['dtype']}, {r['threads']} threads, {r['backend']}; decode at "
+        f"{r['context']} cached tokens/request, prefill {r['prefill_len']} tokens/request; median ms per step"
+    )
     head = f"{'step':>8} {'batch':>5} " + " ".join(f"{p:>13}" for p in PARTS) + f" {'total':>9}"
     print(head)
     for c in r["cells"]:

@@ -38,13 +38,19 @@ def recipe(scheme: str, group: int, lm_head: bool = False) -> list:
     if scheme == "fp8":
         return [QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=ignore)]
     if scheme == "w8a8-sq":
-        return [SmoothQuantModifier(smoothing_strength=0.8),
-                GPTQModifier(targets="Linear", scheme="W8A8", ignore=ignore)]
+        return [
+            SmoothQuantModifier(smoothing_strength=0.8),
+            GPTQModifier(targets="Linear", scheme="W8A8", ignore=ignore),
+        ]
     if scheme.startswith("w4a16"):
-        weights = QuantizationArgs(num_bits=4, type="int", symmetric=scheme != "w4a16-asym", strategy="group",
-                                   group_size=group)
-        return [GPTQModifier(ignore=ignore, config_groups={
-            "group_0": QuantizationScheme(targets=["Linear"], weights=weights)})]
+        weights = QuantizationArgs(
+            num_bits=4, type="int", symmetric=scheme != "w4a16-asym", strategy="group", group_size=group
+        )
+        return [
+            GPTQModifier(
+                ignore=ignore, config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)}
+            )
+        ]
     raise SystemExit(f"unknown scheme {scheme!r}")
 
 
@@ -68,9 +74,18 @@ def write_tiny(out: Path) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     LlamaForCausalLM(cfg).save_pretrained(out)
     return out
 
@@ -82,12 +97,19 @@ def main() -> None:
     ap.add_argument("--scheme", required=True)
     ap.add_argument("--group", type=int, default=128, help="int4 group size (halved until it divides every row)")
     ap.add_argument("--calib", type=int, default=64, help="calibration windows")
-    ap.add_argument("--tokenizer", type=Path, default=None,
-                    help="a directory with tokenizer.json (default: the model's; llmcompressor wants one)")
+    ap.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="a directory with tokenizer.json (default: the model's; llmcompressor wants one)",
+    )
     ap.add_argument("--tiny", action="store_true", help="first write a random tiny Llama to MODEL (tests/data)")
-    ap.add_argument("--lm-head", action="store_true",
-                    help="quantize the LM head too (llmcompressor's examples leave it out; on a small model it is "
-                         "most of the weight bytes a decode step reads)")
+    ap.add_argument(
+        "--lm-head",
+        action="store_true",
+        help="quantize the LM head too (llmcompressor's examples leave it out; on a small model it is "
+        "most of the weight bytes a decode step reads)",
+    )
     args = ap.parse_args()
     if args.tiny:
         write_tiny(args.model)
@@ -100,9 +122,15 @@ def main() -> None:
     while cfg.hidden_size % group or cfg.intermediate_size % group:
         group //= 2
     data = calibration(args.model, args.calib, 256, cfg.vocab_size)
-    oneshot(model=model, tokenizer=str(args.tokenizer or args.model), recipe=recipe(args.scheme, group, args.lm_head), dataset=data,
-            num_calibration_samples=args.calib,
-            max_seq_length=256, output_dir=str(args.out))
+    oneshot(
+        model=model,
+        tokenizer=str(args.tokenizer or args.model),
+        recipe=recipe(args.scheme, group, args.lm_head),
+        dataset=data,
+        num_calibration_samples=args.calib,
+        max_seq_length=256,
+        output_dir=str(args.out),
+    )
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         src = args.model / name
         if src.exists() and not (args.out / name).exists():

@@ -37,9 +37,14 @@ def main() -> None:
         rng = random.Random(0)
         windows = [[rng.randrange(vocab) for _ in range(256)] for _ in range(args.calib)]
     model = AutoAWQForCausalLM.from_pretrained(str(args.model))
-    model.quantize(None, quant_config={"zero_point": True, "q_group_size": args.group, "w_bit": 4, "version": "GEMM"},
-                   calib_data=windows, n_parallel_calib_samples=None, max_calib_samples=args.calib,
-                   max_calib_seq_len=256)
+    model.quantize(
+        None,
+        quant_config={"zero_point": True, "q_group_size": args.group, "w_bit": 4, "version": "GEMM"},
+        calib_data=windows,
+        n_parallel_calib_samples=None,
+        max_calib_samples=args.calib,
+        max_calib_seq_len=256,
+    )
     model.save_quantized(str(args.out))
     print(args.out)
 

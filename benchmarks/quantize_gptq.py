@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from quantize import calibration, write_tiny
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 
 def main() -> None:
@@ -48,8 +47,9 @@ def main() -> None:
         write_tiny(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
     windows = calibration(args.model, args.calib, 256, model.config.vocab_size)["input_ids"]
-    config = GPTQConfig(bits=args.bits, group_size=args.group, use_sym=not args.asym, act_order=args.act_order,
-                        true_sequential=False)
+    config = GPTQConfig(
+        bits=args.bits, group_size=args.group, use_sym=not args.asym, act_order=args.act_order, true_sequential=False
+    )
     model = prepare(model, config)
     with torch.no_grad():
         for ids in windows:
@@ -60,8 +60,11 @@ def main() -> None:
         if (Path(args.model) / name).exists():
             shutil.copy(Path(args.model) / name, args.out / name)
     if args.oracle:
-        weights = {f"{name}.weight": m.recover().float().contiguous()
-                   for name, m in model.named_modules() if isinstance(m, INCWeightOnlyLinear)}
+        weights = {
+            f"{name}.weight": m.recover().float().contiguous()
+            for name, m in model.named_modules()
+            if isinstance(m, INCWeightOnlyLinear)
+        }
         save_file(weights, str(args.out / "dequantized_by_inc.safetensors"))
     print(args.out)
 

@@ -1,6 +1,6 @@
 """Structured extraction with json_schema: every output parses and validates.
 
-    python examples/json_extraction.py --url http://127.0.0.1:30000
+python examples/json_extraction.py --url http://127.0.0.1:30000
 """
 
 from __future__ import annotations
@@ -17,10 +17,18 @@ INVOICE = {
         "vendor": {"type": "string", "maxLength": 24},
         "total": {"type": "number", "minimum": 0},
         "currency": {"enum": ["EUR", "USD", "GBP"]},
-        "items": {"type": "array", "maxItems": 3, "items": {
-            "type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
-                                             "qty": {"type": "integer", "minimum": 1, "maximum": 99}},
-            "required": ["name", "qty"]}},
+        "items": {
+            "type": "array",
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 16},
+                    "qty": {"type": "integer", "minimum": 1, "maximum": 99},
+                },
+                "required": ["name", "qty"],
+            },
+        },
     },
     "required": ["vendor", "total", "currency", "items"],
 }

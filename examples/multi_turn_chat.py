@@ -25,8 +25,10 @@ def main() -> None:
     state = chat.run(questions=questions, temperature=0.7)
     for i, q in enumerate(questions):
         meta = state.get_meta_info(f"answer_{i}")
-        print(f"user: {q}\nassistant: {state[f'answer_{i}']!r}  "
-              f"(prompt {meta['prompt_tokens']} tokens, {meta['cached_tokens']} cached)")
+        print(
+            f"user: {q}\nassistant: {state[f'answer_{i}']!r}  "
+            f"(prompt {meta['prompt_tokens']} tokens, {meta['cached_tokens']} cached)"
+        )
 
 
 if __name__ == "__main__":

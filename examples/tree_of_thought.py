@@ -20,7 +20,9 @@ def tree_of_thought(s, question, width=3, depth=2):
         nxt = []
         for node in level:
             forks = node.fork(width)
-            forks += lambda i, d=d: f"Step {d + 1}, option {i + 1}:" + sgl.gen("thought", max_tokens=12, stop="\n") + "\n"
+            forks += lambda i, d=d: (
+                f"Step {d + 1}, option {i + 1}:" + sgl.gen("thought", max_tokens=12, stop="\n") + "\n"
+            )
             forks.join()
             nxt.extend(forks)
         level = nxt
@@ -28,7 +30,7 @@ def tree_of_thought(s, question, width=3, depth=2):
         leaf += "Is this reasoning sound? " + sgl.select("verdict", ["yes", "no"])
         leaves.append(leaf)
     best = next((leaf for leaf in leaves if leaf["verdict"] == "yes"), leaves[0])
-    s["best"] = best.text()[len("Question: " + question + "\n"):]
+    s["best"] = best.text()[len("Question: " + question + "\n") :]
     s["leaves"] = len(leaves)
 
 

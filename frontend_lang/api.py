@@ -57,8 +57,14 @@ class SglFunction:
         """A copy with some program arguments fixed."""
         return SglFunction(self.func, {**self.bound, **kwargs})
 
-    def run(self, *args: Any, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, stream: bool = False,
-            backend: Backend | None = None, **kwargs: Any) -> ProgramState:
+    def run(
+        self,
+        *args: Any,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        stream: bool = False,
+        backend: Backend | None = None,
+        **kwargs: Any,
+    ) -> ProgramState:
         """Run the program once. Keywords that are sampling parameters (temperature, stop,
         top_p, ...) become every gen's defaults; the rest go to the program. With
         stream=True the state is returned at once; iterate `text_iter()`."""
@@ -76,8 +82,15 @@ class SglFunction:
 
     __call__ = run
 
-    def run_batch(self, batch_kwargs: list[dict[str, Any]], *, num_threads: int | str = "auto",
-                  progress_bar: bool = False, backend: Backend | None = None, **sampling: Any) -> list[ProgramState]:
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any]],
+        *,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        backend: Backend | None = None,
+        **sampling: Any,
+    ) -> list[ProgramState]:
         """Run the program once per dict of arguments, `num_threads` at a time (auto: up to
         64), states back in order; `progress_bar` shows tqdm."""
         threads = min(64, max(1, len(batch_kwargs))) if num_threads == "auto" else int(num_threads)
@@ -100,14 +113,29 @@ def function(func: Callable[..., Any] | None = None, **options: Any) -> Any:
     return SglFunction(func)
 
 
-def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int | None = None,
-        stop: str | list[str] | None = None, stop_token_ids: list[int] | None = None,
-        temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-        min_p: float | None = None, frequency_penalty: float | None = None, presence_penalty: float | None = None,
-        repetition_penalty: float | None = None, ignore_eos: bool | None = None, seed: int | None = None,
-        return_logprob: bool = False, top_logprobs_num: int = 0, dtype: type | None = None,
-        regex: str | None = None, json_schema: str | dict | None = None, choices: list[str] | None = None,
-        choices_method: str = "token_length_normalized") -> Gen | Select:
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    seed: int | None = None,
+    return_logprob: bool = False,
+    top_logprobs_num: int = 0,
+    dtype: type | None = None,
+    regex: str | None = None,
+    json_schema: str | dict | None = None,
+    choices: list[str] | None = None,
+    choices_method: str = "token_length_normalized",
+) -> Gen | Select:
     """Generate into variable `name`. `regex`, `json_schema` (str or dict) or `dtype` (int,
     float, bool, str) constrain the output; `choices` makes it a `select`."""
     if choices is not None:
@@ -120,11 +148,23 @@ def gen(name: str | None = None, max_tokens: int | None = None, min_tokens: int 
         regex = DTYPE_REGEX[dtype]
     if json_schema is not None and not isinstance(json_schema, str):
         json_schema = json.dumps(json_schema)
-    params = SamplingParams(max_new_tokens=max_tokens, min_new_tokens=min_tokens, stop=stop,
-                            stop_token_ids=stop_token_ids, temperature=temperature, top_p=top_p, top_k=top_k,
-                            min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                            repetition_penalty=repetition_penalty, ignore_eos=ignore_eos, seed=seed, regex=regex,
-                            json_schema=json_schema)
+    params = SamplingParams(
+        max_new_tokens=max_tokens,
+        min_new_tokens=min_tokens,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty,
+        ignore_eos=ignore_eos,
+        seed=seed,
+        regex=regex,
+        json_schema=json_schema,
+    )
     return Gen(name, params, return_logprob, top_logprobs_num)
 
 
@@ -138,8 +178,12 @@ def gen_string(name: str | None = None, **kwargs: Any) -> Gen | Select:
     return gen(name, dtype=str, **kwargs)
 
 
-def select(name: str | None = None, choices: list[str] | None = None, temperature: float = 0.0,
-           choices_method: str = "token_length_normalized") -> Select:
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: str = "token_length_normalized",
+) -> Select:
     """Pick one of `choices` by the model's likelihood (all scored in one batched call)."""
     if not choices:
         raise ValueError("select needs a non-empty list of choices")

@@ -43,13 +43,15 @@ class Backend(ABC):
                 self._template = get_chat_template(self._template_name)
             else:
                 roles = self.model_info().get("chat_roles")
-                self._template = (ChatTemplate.from_markers("checkpoint", roles) if roles
-                                  else get_chat_template("default"))
+                self._template = (
+                    ChatTemplate.from_markers("checkpoint", roles) if roles else get_chat_template("default")
+                )
         return self._template
 
     @abstractmethod
-    def generate(self, text: str, params: dict[str, Any], return_logprob: bool = False,
-                 top_logprobs_num: int = 0) -> tuple[str, dict[str, Any]]:
+    def generate(
+        self, text: str, params: dict[str, Any], return_logprob: bool = False, top_logprobs_num: int = 0
+    ) -> tuple[str, dict[str, Any]]:
         """Continue `text`: (generated text, meta_info)."""
 
     @abstractmethod
@@ -61,8 +63,9 @@ class Backend(ABC):
         """Prefill `text` only so later calls reuse its KV; its token count."""
 
     @abstractmethod
-    def select(self, text: str, choices: list[str], temperature: float, method: str
-               ) -> tuple[int, list[float], dict[str, Any]]:
+    def select(
+        self, text: str, choices: list[str], temperature: float, method: str
+    ) -> tuple[int, list[float], dict[str, Any]]:
         """(index of the chosen choice, per-choice scores, meta)."""
 
     @abstractmethod
@@ -86,23 +89,33 @@ class NativeBackend(Backend):
     def _stream(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         """One streamed native /generate body -> its chunks (cumulative text)."""
 
-    def generate(self, text: str, params: dict[str, Any], return_logprob: bool = False,
-                 top_logprobs_num: int = 0) -> tuple[str, dict[str, Any]]:
-        out = self._generate({"text": text, "sampling_params": params, "return_logprob": return_logprob,
-                              "top_logprobs_num": top_logprobs_num})
+    def generate(
+        self, text: str, params: dict[str, Any], return_logprob: bool = False, top_logprobs_num: int = 0
+    ) -> tuple[str, dict[str, Any]]:
+        out = self._generate(
+            {
+                "text": text,
+                "sampling_params": params,
+                "return_logprob": return_logprob,
+                "top_logprobs_num": top_logprobs_num,
+            }
+        )
         return out["text"], out["meta_info"]
 
     def stream(self, text: str, params: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         seen = ""
         for chunk in self._stream({"text": text, "sampling_params": params, "stream": True}):
-            piece, seen = chunk["text"][len(seen):], chunk["text"]
+            piece, seen = chunk["text"][len(seen) :], chunk["text"]
             yield piece, chunk["meta_info"]
 
     def cache_prefix(self, text: str) -> int:
-        return int(self._generate({"text": text, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"])
+        return int(
+            self._generate({"text": text, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"]
+        )
 
-    def select(self, text: str, choices: list[str], temperature: float, method: str
-               ) -> tuple[int, list[float], dict[str, Any]]:
+    def select(
+        self, text: str, choices: list[str], temperature: float, method: str
+    ) -> tuple[int, list[float], dict[str, Any]]:
         """The prefix is cached first, then all choices are scored by their prompt logprobs in
         one batched prefill-only request."""
         if method not in SELECT_METHODS:
@@ -111,14 +124,20 @@ class NativeBackend(Backend):
             raise ValueError("select needs at least one choice")
         prefix_len = self.cache_prefix(text)
         start = max(prefix_len - 1, 0)
-        outs = self._generate({"text": [text + c for c in choices], "sampling_params": {"max_new_tokens": 0},
-                               "return_logprob": True, "logprob_start_len": start})
+        outs = self._generate(
+            {
+                "text": [text + c for c in choices],
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": start,
+            }
+        )
         token_logprobs = []
         for out in outs:
             entries = out["meta_info"]["input_token_logprobs"]
             total = out["meta_info"]["prompt_tokens"]
             first = min(prefix_len, total - 1)  # the choice's tokens (at least one)
-            token_logprobs.append([e[0] for e in entries[first - start:] if e[0] is not None])
+            token_logprobs.append([e[0] for e in entries[first - start :] if e[0] is not None])
         if method == "greedy_token":
             scores = [lps[0] if lps else -math.inf for lps in token_logprobs]
         else:
@@ -130,8 +149,9 @@ class NativeBackend(Backend):
 class RuntimeEndpoint(NativeBackend):
     """An Arbor (or SGLang) server's native API at `base_url`."""
 
-    def __init__(self, base_url: str, api_key: str | None = None, chat_template: str | None = None,
-                 timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, base_url: str, api_key: str | None = None, chat_template: str | None = None, timeout_s: float = 600.0
+    ) -> None:
         super().__init__(chat_template)
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
@@ -143,8 +163,9 @@ class RuntimeEndpoint(NativeBackend):
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, headers=headers,
-                                     method="GET" if body is None else "POST")
+        req = urllib.request.Request(
+            self.base_url + path, data=data, headers=headers, method="GET" if body is None else "POST"
+        )
         try:
             return urllib.request.urlopen(req, timeout=self.timeout_s)
         except urllib.error.HTTPError as err:
@@ -160,7 +181,7 @@ class RuntimeEndpoint(NativeBackend):
                 line = raw.decode().strip()
                 if not line.startswith("data:"):
                     continue
-                data = line[len("data:"):].strip()
+                data = line[len("data:") :].strip()
                 if data == "[DONE]":
                     return
                 yield json.loads(data)
@@ -235,8 +256,9 @@ class OpenAI(Backend):
         reply = self.client.chat.completions.create(model=self.model, messages=wire, **_openai(params), **extra)
         return reply.choices[0].message.content or "", _usage(reply)
 
-    def generate(self, text: str, params: dict[str, Any], return_logprob: bool = False,
-                 top_logprobs_num: int = 0) -> tuple[str, dict[str, Any]]:
+    def generate(
+        self, text: str, params: dict[str, Any], return_logprob: bool = False, top_logprobs_num: int = 0
+    ) -> tuple[str, dict[str, Any]]:
         reply = self.client.completions.create(model=self.model, prompt=text, **_openai(params))
         return reply.choices[0].text, _usage(reply)
 
@@ -248,16 +270,18 @@ class OpenAI(Backend):
     def cache_prefix(self, text: str) -> int:
         return 0  # the OpenAI API has no prefill-only call; the server's cache still sees the prefix later
 
-    def select(self, text: str, choices: list[str], temperature: float, method: str
-               ) -> tuple[int, list[float], dict[str, Any]]:
+    def select(
+        self, text: str, choices: list[str], temperature: float, method: str
+    ) -> tuple[int, list[float], dict[str, Any]]:
         if not choices:
             raise ValueError("select needs at least one choice")
-        reply = self.client.completions.create(model=self.model, prompt=text, max_tokens=1, temperature=0,
-                                               logprobs=5)
+        reply = self.client.completions.create(model=self.model, prompt=text, max_tokens=1, temperature=0, logprobs=5)
         logprobs = reply.choices[0].logprobs
         top = logprobs.top_logprobs[0] if logprobs and logprobs.top_logprobs else {}
-        scores = [max((lp for tok, lp in top.items() if tok and (c.startswith(tok) or tok.startswith(c))),
-                      default=-math.inf) for c in choices]
+        scores = [
+            max((lp for tok, lp in top.items() if tok and (c.startswith(tok) or tok.startswith(c))), default=-math.inf)
+            for c in choices
+        ]
         best = max(range(len(choices)), key=lambda i: scores[i])
         return best, scores, {}
 
@@ -270,8 +294,15 @@ class OpenAI(Backend):
 
 def _openai(params: dict[str, Any]) -> dict[str, Any]:
     """Native sampling params -> OpenAI keywords; what the API cannot express is refused."""
-    names = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "stop": "stop",
-             "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty", "seed": "seed"}
+    names = {
+        "max_new_tokens": "max_tokens",
+        "temperature": "temperature",
+        "top_p": "top_p",
+        "stop": "stop",
+        "frequency_penalty": "frequency_penalty",
+        "presence_penalty": "presence_penalty",
+        "seed": "seed",
+    }
     extra = sorted(set(params) - set(names))
     if extra:
         raise ValueError(f"the OpenAI backend cannot pass {', '.join(extra)}; use RuntimeEndpoint for these")
@@ -281,5 +312,9 @@ def _openai(params: dict[str, Any]) -> dict[str, Any]:
 def _usage(reply: Any) -> dict[str, Any]:
     usage = getattr(reply, "usage", None)
     details = getattr(usage, "prompt_tokens_details", None)
-    return {"prompt_tokens": getattr(usage, "prompt_tokens", 0), "completion_tokens": getattr(usage, "completion_tokens", 0),
-            "cached_tokens": getattr(details, "cached_tokens", 0) or 0, "finish_reason": None}
+    return {
+        "prompt_tokens": getattr(usage, "prompt_tokens", 0),
+        "completion_tokens": getattr(usage, "completion_tokens", 0),
+        "cached_tokens": getattr(details, "cached_tokens", 0) or 0,
+        "finish_reason": None,
+    }

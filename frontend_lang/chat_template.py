@@ -37,12 +37,16 @@ class ChatTemplate:
 
 
 TEMPLATES = {
-    "default": ChatTemplate("default", {"system": ("SYSTEM: ", "\n"), "user": ("USER: ", "\n"),
-                                        "assistant": ("ASSISTANT: ", "\n")}),
-    "chatml": ChatTemplate("chatml", {r: (f"<|im_start|>{r}\n", "<|im_end|>\n")
-                                      for r in ("system", "user", "assistant")}),
-    "llama-3-instruct": ChatTemplate("llama-3-instruct", {
-        r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>") for r in ("system", "user", "assistant")}),
+    "default": ChatTemplate(
+        "default", {"system": ("SYSTEM: ", "\n"), "user": ("USER: ", "\n"), "assistant": ("ASSISTANT: ", "\n")}
+    ),
+    "chatml": ChatTemplate(
+        "chatml", {r: (f"<|im_start|>{r}\n", "<|im_end|>\n") for r in ("system", "user", "assistant")}
+    ),
+    "llama-3-instruct": ChatTemplate(
+        "llama-3-instruct",
+        {r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>") for r in ("system", "user", "assistant")},
+    ),
 }
 
 

@@ -17,23 +17,39 @@ from arbor.frontend_lang import api as sgl
 from arbor.frontend_lang.backends import RuntimeEndpoint
 from arbor.runtime.config import ServerArgs
 
-TOOL_CALL: dict[str, Any] = {"type": "object", "properties": {
-    "tool": {"enum": ["search", "calculator"]},
-    "query": {"type": "string", "maxLength": 24},
-    "top_k": {"type": "integer", "minimum": 1, "maximum": 5}}, "required": ["tool", "query", "top_k"]}
-CITY: dict[str, Any] = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 16}, "population": {"type": "integer", "minimum": 0},
-    "capital": {"type": "boolean"}}, "required": ["city", "population", "capital"]}
-RANDOM_WEIGHTS = ("NOTE: the built-in checkpoint has random weights: the text is noise, the structure is real "
-                  "(every JSON below parses and validates, every select is one of its choices).\n"
-                  "Run `arbor demo --model-path DIR` with a Hugging Face Llama/Qwen/Mistral checkpoint "
-                  "directory for real text.")
+TOOL_CALL: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "tool": {"enum": ["search", "calculator"]},
+        "query": {"type": "string", "maxLength": 24},
+        "top_k": {"type": "integer", "minimum": 1, "maximum": 5},
+    },
+    "required": ["tool", "query", "top_k"],
+}
+CITY: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "population": {"type": "integer", "minimum": 0},
+        "capital": {"type": "boolean"},
+    },
+    "required": ["city", "population", "capital"],
+}
+RANDOM_WEIGHTS = (
+    "NOTE: the built-in checkpoint has random weights: the text is noise, the structure is real "
+    "(every JSON below parses and validates, every select is one of its choices).\n"
+    "Run `arbor demo --model-path DIR` with a Hugging Face Llama/Qwen/Mistral checkpoint "
+    "directory for real text."
+)
 
 
 def add_command(sub: argparse._SubParsersAction) -> dict[str, Callable[[argparse.Namespace], int]]:
     """Register `arbor demo` (every server flag applies) and return its handler."""
-    demo = sub.add_parser("demo", help="start a server, run an agent program (DSL) and OpenAI-client calls, "
-                                       "print outputs, TTFT/TPOT and the cache hit rate, stop")
+    demo = sub.add_parser(
+        "demo",
+        help="start a server, run an agent program (DSL) and OpenAI-client calls, "
+        "print outputs, TTFT/TPOT and the cache hit rate, stop",
+    )
     ServerArgs.add_cli_args(demo)
     return {"demo": _run_from_cli}
 
@@ -72,8 +88,10 @@ def run_demo(args: ServerArgs) -> int:
         _agent(backend)
         _openai_calls(base, key)
         stats = backend.server_info()["stats"]
-        print(f"radix cache hit rate: {100 * stats.get('cache_hit_rate', 0):.1f}% of prompt tokens "
-              f"(fork branches, chat turns and select choices reuse earlier KV)")
+        print(
+            f"radix cache hit rate: {100 * stats.get('cache_hit_rate', 0):.1f}% of prompt tokens "
+            f"(fork branches, chat turns and select choices reuse earlier KV)"
+        )
     finally:
         server.should_exit = True
         thread.join(30)
@@ -116,14 +134,22 @@ def _openai_calls(base: str, api_key: str | None) -> None:
     client = openai.OpenAI(base_url=base + "/v1", api_key=api_key or "none")
     model = client.models.list().data[0].id
     reply = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "Describe a city as JSON."}], max_tokens=80,
-        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}})
+        model=model,
+        messages=[{"role": "user", "content": "Describe a city as JSON."}],
+        max_tokens=80,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}},
+    )
     print("openai client, response_format json_schema:")
     print(f"  {json.dumps(json.loads(reply.choices[0].message.content or ''))}\n")
     t0 = time.perf_counter()
     stamps = []
-    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Tell a story."}],
-                                                max_tokens=32, stream=True, extra_body={"ignore_eos": True}):
+    for chunk in client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Tell a story."}],
+        max_tokens=32,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    ):
         if chunk.choices and chunk.choices[0].delta.content:
             stamps.append(time.perf_counter() - t0)
     if len(stamps) > 1:
@@ -143,4 +169,3 @@ def _wait_started(server: Any, thread: threading.Thread, timeout_s: float = 120.
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the demo server did not start; run `arbor serve` to see its log")
         time.sleep(0.1)
-

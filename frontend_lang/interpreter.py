@@ -154,13 +154,13 @@ class StreamExecutor:
         elif isinstance(item, RoleEnd):
             if self._role is None or self._role[0] != item.role:
                 raise ValueError(f"{item.role}_end() without a matching {item.role}_begin()")
-            self.messages.append({"role": item.role, "content": self.text[self._role[1]:]})
+            self.messages.append({"role": item.role, "content": self.text[self._role[1] :]})
             self._role = None
             self._append(self.backend.chat_template.suffix(item.role), None)
         elif isinstance(item, VarScopeBegin):
             self._scopes[item.name] = len(self.text)
         elif isinstance(item, VarScopeEnd):
-            self.set_var(item.name, self.text[self._scopes.pop(item.name):])
+            self.set_var(item.name, self.text[self._scopes.pop(item.name) :])
         else:
             raise TypeError(f"a program state cannot take {type(item).__name__}")
 
@@ -327,7 +327,7 @@ class ProgramStateGroup:
         for state in self.states:
             state.sync()
         if mode == "concate_and_append":
-            self.parent += "".join(s.executor.text[self._start:] for s in self.states)
+            self.parent += "".join(s.executor.text[self._start :] for s in self.states)
             return
         parent = self.parent.executor
         known = set(parent.variables)

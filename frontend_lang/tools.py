@@ -36,9 +36,11 @@ def tool_spec(tool: Tool) -> dict[str, Any]:
         props[name] = {"type": kind} if kind else {}
         if p.default is inspect.Parameter.empty:
             required.append(name)
-    return {"name": tool.__name__, "description": inspect.getdoc(tool) or "",
-            "parameters": {"type": "object", "properties": props, "required": required,
-                           "additionalProperties": False}}
+    return {
+        "name": tool.__name__,
+        "description": inspect.getdoc(tool) or "",
+        "parameters": {"type": "object", "properties": props, "required": required, "additionalProperties": False},
+    }
 
 
 def gen_tool_call(name: str, tools: list[Tool], max_tokens: int = 96, **kwargs: Any) -> Gen | Select:
@@ -47,10 +49,18 @@ def gen_tool_call(name: str, tools: list[Tool], max_tokens: int = 96, **kwargs: 
     specs = [tool_spec(t) for t in tools]
     if not specs:
         raise ValueError("gen_tool_call needs at least one tool")
-    calls = [{"type": "object", "properties": {
-        "name": {"const": s["name"]},
-        "arguments": s.get("parameters") or {"type": "object", "properties": {}}},
-        "required": ["name", "arguments"], "additionalProperties": False} for s in specs]
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": s["name"]},
+                "arguments": s.get("parameters") or {"type": "object", "properties": {}},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for s in specs
+    ]
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
     return gen(name, max_tokens=max_tokens, json_schema=schema, **kwargs)
 

@@ -31,8 +31,16 @@ class VocabTables:
         bits = np.zeros((256, words * 32), dtype=bool)
         bits[first[ids], ids] = True
         starts = np.packbits(bits, axis=1, bitorder="little").view("<i4")
-        return cls(vocab, words, max(words, -(-len(vocab.token_bytes) // 32)), vocab.sentinel_id,
-                   np.array(vocab.eos_ids, dtype=np.int64), first, starts, vocab.byte_tokens())
+        return cls(
+            vocab,
+            words,
+            max(words, -(-len(vocab.token_bytes) // 32)),
+            vocab.sentinel_id,
+            np.array(vocab.eos_ids, dtype=np.int64),
+            first,
+            starts,
+            vocab.byte_tokens(),
+        )
 
     def forced_byte(self, row: np.ndarray) -> int:
         """The first byte shared by every token allowed in `row`, or -1."""

@@ -76,8 +76,9 @@ class Distances:
         most = here - 1 if remaining <= here + BUDGET_MARGIN else remaining - 1
         return most if most < self.reach.get(state, UNREACHABLE) else None
 
-    def limited(self, index: outlines_core.Index, state: int, row: np.ndarray, end: np.ndarray | None,
-                most: int) -> np.ndarray:
+    def limited(
+        self, index: outlines_core.Index, state: int, row: np.ndarray, end: np.ndarray | None, most: int
+    ) -> np.ndarray:
         """`row` (the state's mask) less every token whose next state is over `most` tokens from
         an end; `end` (EOS bits, where the output may end here) stays."""
         tokens, dnext = self._distances_after(index, state)
@@ -93,7 +94,12 @@ class Distances:
         found = self._next.get(state)
         if found is None:
             tokens = np.array(index.get_allowed_tokens(state), dtype=np.int64)
-            dnext = np.array([self.of(n) if (n := index.get_next_state(state, t)) is not None else UNREACHABLE
-                              for t in tokens.tolist()], dtype=np.int64)
+            dnext = np.array(
+                [
+                    self.of(n) if (n := index.get_next_state(state, t)) is not None else UNREACHABLE
+                    for t in tokens.tolist()
+                ],
+                dtype=np.int64,
+            )
             found = self._next[state] = (tokens, dnext)
         return found

@@ -117,15 +117,19 @@ class _Worker:
     def _died(self) -> CompileDone:
         code = self.proc.wait() if self.proc else None
         self.proc = None
-        raise GrammarError(f"compiling the constraint needed more than the {self.memory_mb} MB compile memory "
-                           f"limit (worker exit {code}); simplify the constraint or raise --grammar-max-memory-mb")
+        raise GrammarError(
+            f"compiling the constraint needed more than the {self.memory_mb} MB compile memory "
+            f"limit (worker exit {code}); simplify the constraint or raise --grammar-max-memory-mb"
+        )
 
     def _start(self) -> None:
         """Start the process and wait until it has loaded the vocabulary, so that a job's time
         limit covers the compile alone, not a busy machine's interpreter start-up."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "arbor.grammar.worker", str(self.memory_mb)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         write_frame(self.proc.stdin, self.init)
@@ -148,8 +152,12 @@ class GrammarCompiler:
     (CompiledGrammar, XgrammarGrammar or LlguidanceGrammar; each makes matchers with
     `.matcher()`), whose exception is a GrammarError with a message for the user."""
 
-    def __init__(self, vocab: TokenVocabulary, config: CompilerConfig | None = None,
-                 encode: Callable[[str], list[int]] | None = None) -> None:
+    def __init__(
+        self,
+        vocab: TokenVocabulary,
+        config: CompilerConfig | None = None,
+        encode: Callable[[str], list[int]] | None = None,
+    ) -> None:
         """`encode` (text -> token ids, the Hugging Face tokenizer's) is needed by llguidance."""
         self.config = config or CompilerConfig()
         if self.config.backend not in BACKENDS:
@@ -197,8 +205,9 @@ class GrammarCompiler:
             if constraint in self._pending:
                 return self._pending[constraint]
             if len(self._pending) >= self.config.max_pending:
-                return _failed_future(GrammarBusy(
-                    f"{len(self._pending)} constraints are compiling already (the limit); retry shortly"))
+                return _failed_future(
+                    GrammarBusy(f"{len(self._pending)} constraints are compiling already (the limit); retry shortly")
+                )
             future = self._pool.submit(self._compile, constraint)
             self._pending[constraint] = future
             return future
@@ -221,7 +230,10 @@ class GrammarCompiler:
             start = time.perf_counter()
             backend = backend_for(self.config.backend, constraint.kind)
             builders: dict[str, Callable[[Constraint], Grammar]] = {
-                "outlines": self._outlines, "xgrammar": self._xgrammar, "llguidance": self._llguidance}
+                "outlines": self._outlines,
+                "xgrammar": self._xgrammar,
+                "llguidance": self._llguidance,
+            }
             build = builders[backend]
             try:
                 grammar = build(constraint)
@@ -255,8 +267,9 @@ class GrammarCompiler:
     def _xgrammar(self, constraint: Constraint) -> XgrammarGrammar:
         import xgrammar
 
-        done = self._run("xgrammar", constraint, CompileJob(_regex_of(constraint), kind=constraint.kind,
-                                                            text=constraint.text))
+        done = self._run(
+            "xgrammar", constraint, CompileJob(_regex_of(constraint), kind=constraint.kind, text=constraint.text)
+        )
         with self._lock:
             if self._xgrammar_info is None:
                 self._xgrammar_info = xgrammar.TokenizerInfo.deserialize_json(self._inits["xgrammar"]().decode())
@@ -275,8 +288,11 @@ class GrammarCompiler:
 
         def build() -> None:
             try:
-                result.set_result(LlguidanceGrammar(self._llguidance_tokenizer, text, self.tables,
-                                                    post_checked(constraint, "llguidance")))
+                result.set_result(
+                    LlguidanceGrammar(
+                        self._llguidance_tokenizer, text, self.tables, post_checked(constraint, "llguidance")
+                    )
+                )
             except Exception as exc:
                 result.set_exception(exc)
 
@@ -351,8 +367,10 @@ def _regex_of(constraint: Constraint) -> str:
 
 
 def _too_slow(timeout_s: float) -> str:
-    return (f"compiling the constraint took longer than {timeout_s:g} s; simplify it (fewer optional "
-            "properties, smaller bounds) or raise --grammar-compile-timeout-s")
+    return (
+        f"compiling the constraint took longer than {timeout_s:g} s; simplify it (fewer optional "
+        "properties, smaller bounds) or raise --grammar-compile-timeout-s"
+    )
 
 
 def _digest(constraint: Constraint) -> bytes:

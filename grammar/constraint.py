@@ -78,8 +78,9 @@ def constraint_from_params(params: dict[str, Any], backend: str = "outlines") ->
             raise ValueError("ebnf must be a non-empty grammar text (GBNF: root ::= ...)")
         constraint = Constraint("ebnf", value)
     elif kind == "structural_tag":
-        constraint = Constraint("structural_tag", json.dumps(canonical(value), separators=(",", ":"),
-                                                             ensure_ascii=False))
+        constraint = Constraint(
+            "structural_tag", json.dumps(canonical(value), separators=(",", ":"), ensure_ascii=False)
+        )
     else:
         if not isinstance(value, str) or not value:
             raise ValueError("regex must be a non-empty string")
@@ -182,8 +183,10 @@ def _linear_validator(schema: Any) -> Any:
             yield jsonschema.ValidationError(f"additional properties are not allowed ({extras[0][:80]!r} is one)")
 
     base = jsonschema.validators.validator_for(schema)
-    linear = jsonschema.validators.extend(base, {"pattern": pattern, "patternProperties": pattern_properties,
-                                                 "additionalProperties": additional_properties})
+    linear = jsonschema.validators.extend(
+        base,
+        {"pattern": pattern, "patternProperties": pattern_properties, "additionalProperties": additional_properties},
+    )
     return linear(schema)
 
 

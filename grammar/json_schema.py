@@ -108,8 +108,10 @@ def _schema_to_regex(schema: Any) -> RegexPlan:
     if regex is None:
         raise SchemaError("the schema admits no JSON value Arbor can generate (false, or endless recursion)")
     if len(regex) > MAX_REGEX_CHARS:
-        raise SchemaError(f"the schema compiles to a {len(regex):,}-character regex (limit {MAX_REGEX_CHARS:,}); "
-                          "simplify it or bound its optional parts")
+        raise SchemaError(
+            f"the schema compiles to a {len(regex):,}-character regex (limit {MAX_REGEX_CHARS:,}); "
+            "simplify it or bound its optional parts"
+        )
     return RegexPlan(regex, sorted(builder.unenforced), builder.dropped)
 
 
@@ -140,8 +142,10 @@ class _Builder:
         regex = self._value(s, depth)
         self.work += len(regex or "")
         if self.work > MAX_WORK_CHARS:
-            raise _TooMuchWork(f"the schema expands past {MAX_WORK_CHARS:,} regex characters; "
-                              "simplify it (fewer nested $ref / anyOf combinations)")
+            raise _TooMuchWork(
+                f"the schema expands past {MAX_WORK_CHARS:,} regex characters; "
+                "simplify it (fewer nested $ref / anyOf combinations)"
+            )
         return regex
 
     def _value(self, s: Any, depth: int) -> str | None:
@@ -318,8 +322,9 @@ class _Builder:
         for name in required:
             if name not in props:
                 if extra is False:
-                    raise SchemaError(f"property {name!r} is required but additionalProperties is false "
-                                      "and it has no schema")
+                    raise SchemaError(
+                        f"property {name!r} is required but additionalProperties is false and it has no schema"
+                    )
                 props[name] = extra if isinstance(extra, dict) else True
         if props and (s.get("minProperties", 0) > len(required) or "maxProperties" in s):
             self.unenforced.add("minProperties/maxProperties")

@@ -65,9 +65,11 @@ class ProgramBudget:
         """Charge a compiled regex; raises ValueError naming `name` once the budget is spent."""
         self.left -= regex.programsize
         if self.left < 0:
-            raise ValueError(f"{name}: the request's regexes compile to more than {MAX_REQUEST_PROGRAM:,} "
-                             "RE2 instructions in all; use fewer patterns, smaller counted repeats {n} "
-                             "or narrower character classes")
+            raise ValueError(
+                f"{name}: the request's regexes compile to more than {MAX_REQUEST_PROGRAM:,} "
+                "RE2 instructions in all; use fewer patterns, smaller counted repeats {n} "
+                "or narrower character classes"
+            )
 
 
 def compile_ecma(pattern: str, name: str) -> Any:
@@ -80,16 +82,20 @@ def _why(pattern: str, exc: re2.error) -> str:
     raw = exc.args[0] if exc.args else ""
     message = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
     if "too large" in message:
-        return ("is too large for the linear-time regex engine (RE2); simplify it: fewer or smaller "
-                "counted repeats {n}, narrower character classes")
+        return (
+            "is too large for the linear-time regex engine (RE2); simplify it: fewer or smaller "
+            "counted repeats {n}, narrower character classes"
+        )
     if "repetition size" in message:
         return f"is not supported: {message}; RE2 allows counted repeats up to {{1000}}"
     try:
         re.compile(pattern)  # compiled only, never run: does a backtracking engine take it?
     except (re.error, RecursionError, OverflowError):
         return f"is not a valid regular expression: {message}"
-    return (f"is not supported: {message}; lookaround, backreferences, atomic groups and possessive "
-            "repeats need a backtracking engine, which Arbor does not run on user patterns; rewrite without them")
+    return (
+        f"is not supported: {message}; lookaround, backreferences, atomic groups and possessive "
+        "repeats need a backtracking engine, which Arbor does not run on user patterns; rewrite without them"
+    )
 
 
 def check_schema_patterns(schema: Any) -> None:
@@ -122,6 +128,8 @@ def check_schema_patterns(schema: Any) -> None:
         unevaluated = unevaluated or "unevaluatedProperties" in node
         todo.extend(node.values())
     if patterned and unevaluated:
-        raise ValueError("json_schema: unevaluatedProperties together with patternProperties is not supported "
-                         "(its check would run the patterns on a backtracking regex engine); use "
-                         "additionalProperties beside patternProperties instead")
+        raise ValueError(
+            "json_schema: unevaluatedProperties together with patternProperties is not supported "
+            "(its check would run the patterns on a backtracking regex engine); use "
+            "additionalProperties beside patternProperties instead"
+        )

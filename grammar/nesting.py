@@ -86,7 +86,7 @@ def too_deep_path(data: bytes, limit: int = MAX_DEPTH) -> str:
                 continue
             colon = start + int(np.flatnonzero(here[start:] & (b[start:end] == ord(":")))[-1])
             quotes = np.flatnonzero(quote[start:colon]) + start
-            parts.append("." + str(json.loads(data[quotes[-2]:quotes[-1] + 1])))
+            parts.append("." + str(json.loads(data[quotes[-2] : quotes[-1] + 1])))
     except (IndexError, ValueError):  # not JSON where it matters: name what was found
         pass
     return "".join(parts).lstrip(".")

@@ -55,9 +55,11 @@ def exclusive(branches: list[Any], resolve: Resolve) -> list[Any]:
             keep.append(gen)
     if not keep and clash is not None:
         shown = " and ".join(f"{k} ({_short(branches[k])})" for k in clash)
-        raise SchemaError(f"oneOf branches {shown} may both match one output, and Arbor cannot generate either one "
-                          "while excluding the other; make the branches exclusive (different types, or a const/enum "
-                          "on a required property) or use anyOf")
+        raise SchemaError(
+            f"oneOf branches {shown} may both match one output, and Arbor cannot generate either one "
+            "while excluding the other; make the branches exclusive (different types, or a const/enum "
+            "on a required property) or use anyOf"
+        )
     return keep
 
 
@@ -133,11 +135,16 @@ def _objects_differ(gen: dict, other: dict, resolve: Resolve) -> bool:
     if not writes_free_keys and set(other.get("required") or []) - written:
         return True  # a key `other` needs is never written
     other_props = other.get("properties") or {}
-    if other.get("additionalProperties", True) is False and "patternProperties" not in other \
-            and required - set(other_props):
+    if (
+        other.get("additionalProperties", True) is False
+        and "patternProperties" not in other
+        and required - set(other_props)
+    ):
         return True  # a key always written is one `other` forbids
-    return any(key in other_props and key in props and _never_matches(props[key], other_props[key], resolve)
-               for key in required)
+    return any(
+        key in other_props and key in props and _never_matches(props[key], other_props[key], resolve)
+        for key in required
+    )
 
 
 def _short(schema: Any) -> str:

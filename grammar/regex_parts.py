@@ -165,8 +165,14 @@ def _span(low: int, high: int | None, include_high: bool) -> str:
 # ------------------------------------------------------------ pattern keyword
 
 _CLASS_SHORT = {"d": "0-9", "w": "0-9A-Za-z_", "s": " "}
-_OUTSIDE_SHORT = {"d": "[0-9]", "w": "[0-9A-Za-z_]", "s": "[ ]", "D": r'[^"\\\x00-\x1F0-9]',
-                  "W": r'[^"\\\x00-\x1F0-9A-Za-z_]', "S": r'[^"\\\x00-\x20]'}
+_OUTSIDE_SHORT = {
+    "d": "[0-9]",
+    "w": "[0-9A-Za-z_]",
+    "s": "[ ]",
+    "D": r'[^"\\\x00-\x1F0-9]',
+    "W": r'[^"\\\x00-\x1F0-9A-Za-z_]',
+    "S": r'[^"\\\x00-\x20]',
+}
 
 
 def pattern_contents(pattern: str) -> str:
@@ -193,7 +199,9 @@ def pattern_contents(pattern: str) -> str:
             nxt = body[i + 1]
             i += 2
             if nxt.isdigit() and nxt != "0":
-                raise SchemaError(f"pattern {pattern!r} uses a backreference, which constrained decoding cannot express")
+                raise SchemaError(
+                    f"pattern {pattern!r} uses a backreference, which constrained decoding cannot express"
+                )
             if nxt == "u" and body[i : i + 4].isalnum() and len(body[i : i + 4]) == 4:
                 out.append(f"\\x{{{body[i : i + 4]}}}")
                 i += 4

@@ -27,8 +27,10 @@ def canonical(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         value = _json_text(value, "structural_tag")
     if not isinstance(value, dict):
-        raise ValueError("structural_tag must be an object: {type: structural_tag, structures, triggers} "
-                         "or {type: structural_tag, format}")
+        raise ValueError(
+            "structural_tag must be an object: {type: structural_tag, structures, triggers} "
+            "or {type: structural_tag, format}"
+        )
     if "format" in value:
         if not isinstance(value["format"], dict) or not isinstance(value["format"].get("type"), str):
             raise ValueError("structural_tag.format must be an object with a type (xgrammar's format)")
@@ -47,16 +49,29 @@ def _legacy_format(value: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(s, dict) or not isinstance(s.get("begin"), str) or not isinstance(s.get("end"), str):
             raise ValueError(f"structural_tag.structures[{i}] needs string begin and end")
         if not any(s["begin"].startswith(t) for t in triggers):
-            raise ValueError(f"structural_tag.structures[{i}].begin {s['begin'][:40]!r} starts with none of the triggers")
+            raise ValueError(
+                f"structural_tag.structures[{i}].begin {s['begin'][:40]!r} starts with none of the triggers"
+            )
         schema = s.get("schema", {})
         if isinstance(schema, str):
             schema = _json_text(schema, f"structural_tag.structures[{i}].schema")
         if not isinstance(schema, (dict, bool)):
             raise ValueError(f"structural_tag.structures[{i}].schema must be a JSON Schema object")
-        tags.append({"type": "tag", "begin": s["begin"], "content": {"type": "json_schema", "json_schema": schema},
-                     "end": s["end"]})
-    return {"type": "triggered_tags", "triggers": triggers, "tags": tags,
-            "at_least_one": bool(value.get("at_least_one", False)), "stop_after_first": False}
+        tags.append(
+            {
+                "type": "tag",
+                "begin": s["begin"],
+                "content": {"type": "json_schema", "json_schema": schema},
+                "end": s["end"],
+            }
+        )
+    return {
+        "type": "triggered_tags",
+        "triggers": triggers,
+        "tags": tags,
+        "at_least_one": bool(value.get("at_least_one", False)),
+        "stop_after_first": False,
+    }
 
 
 def to_lark(tag: dict[str, Any]) -> str:
@@ -68,14 +83,26 @@ def to_lark(tag: dict[str, Any]) -> str:
 
     fmt = tag["format"]
     tags = fmt.get("tags") if fmt.get("type") == "triggered_tags" else None
-    if not tags or fmt.get("at_least_one") or fmt.get("stop_after_first") or any(
-            t.get("type") != "tag" or (t.get("content") or {}).get("type") != "json_schema" for t in tags):
-        raise ValueError("the llguidance backend takes structural tags of JSON-schema tags (the legacy "
-                         "structures/triggers form, without at_least_one); use --grammar-backend xgrammar "
-                         "for other formats")
-    items = [llguidance.StructTag(trigger=next(tr for tr in fmt["triggers"] if t["begin"].startswith(tr)),
-                                  begin=t["begin"], grammar=t["content"]["json_schema"], end=t["end"])
-             for t in tags]
+    if (
+        not tags
+        or fmt.get("at_least_one")
+        or fmt.get("stop_after_first")
+        or any(t.get("type") != "tag" or (t.get("content") or {}).get("type") != "json_schema" for t in tags)
+    ):
+        raise ValueError(
+            "the llguidance backend takes structural tags of JSON-schema tags (the legacy "
+            "structures/triggers form, without at_least_one); use --grammar-backend xgrammar "
+            "for other formats"
+        )
+    items = [
+        llguidance.StructTag(
+            trigger=next(tr for tr in fmt["triggers"] if t["begin"].startswith(tr)),
+            begin=t["begin"],
+            grammar=t["content"]["json_schema"],
+            end=t["end"],
+        )
+        for t in tags
+    ]
     # Triggers are matched as text: a tokenizer's special tokens have no bytes here (vocabulary.py).
     return llguidance.StructTag.to_grammar(items, assume_special=False)
 

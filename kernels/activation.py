@@ -25,5 +25,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(n))
     if x2.shape[0]:
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, out, x2.stride(0), out.stride(0), N=n, BLOCK=block)
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](
+            x2, out, x2.stride(0), out.stride(0), N=n, BLOCK=block
+        )
     return out.reshape(*x.shape[:-1], n)

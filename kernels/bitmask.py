@@ -8,8 +8,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _bitmask_kernel(Logits, Mask, stride_l, stride_m, VOCAB: tl.constexpr, WORDS: tl.constexpr,
-                    BLOCK: tl.constexpr):
+def _bitmask_kernel(Logits, Mask, stride_l, stride_m, VOCAB: tl.constexpr, WORDS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < VOCAB
@@ -25,5 +24,11 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor) -> N
     if rows:
         block = 1024
         _bitmask_kernel[(rows, triton.cdiv(vocab, block))](
-            logits, bitmask, logits.stride(0), bitmask.stride(0), VOCAB=vocab, WORDS=bitmask.shape[1], BLOCK=block,
+            logits,
+            bitmask,
+            logits.stride(0),
+            bitmask.stride(0),
+            VOCAB=vocab,
+            WORDS=bitmask.shape[1],
+            BLOCK=block,
         )

@@ -42,8 +42,14 @@ def load() -> Any:
         code = b"".join(src.read_bytes() for src in SOURCES)
         digest = hashlib.sha256(code + " ".join(FLAGS).encode() + _cpu_model().encode()).hexdigest()[:10]
         t0 = time.perf_counter()
-        cpp_extension.load(name=f"arbor_cpu_{digest}", sources=[str(src) for src in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                           is_python_module=False, verbose=False)
+        cpp_extension.load(
+            name=f"arbor_cpu_{digest}",
+            sources=[str(src) for src in SOURCES],
+            extra_cflags=FLAGS,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
         _ops = torch.ops.arbor_cpu
         logger.info("CPU kernels ready in %.1f s", time.perf_counter() - t0)
     except Exception as exc:  # no compiler, no ninja, a failed build: keep the torch path
@@ -62,8 +68,9 @@ def _cpu_model() -> str:
 # Same contracts as the references; inputs the kernels do not take go to the reference.
 
 
-def rmsnorm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def rmsnorm_cpu(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     ops = load()
     if ops is None or weight.dtype != x.dtype or x.stride(-1) != 1:
         return rmsnorm_ref(x, weight, eps, residual)
@@ -75,8 +82,9 @@ def rmsnorm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: tor
     return out.view(shape), total.view(shape)
 
 
-def rotary_cpu(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cpu(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     ops = load()
     if ops is None or cos.dtype != torch.float32 or q.stride(-1) != 1 or k.stride(-1) != 1:
         return rotary_ref(positions, q, k, cos, sin)
@@ -91,12 +99,18 @@ def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
     return ops.silu_and_mul(x)
 
 
-def store_kv_cpu(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> None:
+def store_kv_cpu(
+    k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
     """k_pool[slots[i]] = k[i] (and v), one copy per token's row instead of two index_put ops."""
     ops = load()
-    if ops is None or k.dtype != k_pool.dtype or v.dtype != v_pool.dtype or slots.dtype != torch.int64 or any(
-            t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] for t in (k, v)):
+    if (
+        ops is None
+        or k.dtype != k_pool.dtype
+        or v.dtype != v_pool.dtype
+        or slots.dtype != torch.int64
+        or any(t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] for t in (k, v))
+    ):
         store_kv_ref(k_pool, v_pool, slots, k, v)
         return
     ops.store_kv(k_pool, v_pool, slots, k, v)

@@ -26,11 +26,34 @@ def choose_splits(batch: int, kv_heads: int, max_len: int, device: torch.device)
 
 
 @triton.jit
-def _split_kernel(Q, K, V, kv_indptr, kv_indices, Part, Lse, scale,
-                  stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
-                  stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+def _split_kernel(
+    Q,
+    K,
+    V,
+    kv_indptr,
+    kv_indices,
+    Part,
+    Lse,
+    scale,
+    stride_qb,
+    stride_qh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -44,8 +67,9 @@ def _split_kernel(Q, K, V, kv_indptr, kv_indices, Part, Lse, scale,
     per = tl.cdiv(length, SPLITS)
     lo = split * per
     hi = tl.minimum(lo + per, length)
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
-                mask=h_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=h_ok[:, None] & d_ok[None, :], other=0.0
+    )
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -60,14 +84,30 @@ def _split_kernel(Q, K, V, kv_indptr, kv_indices, Part, Lse, scale,
     filled = denom > 0
     out = tl.where(filled[:, None], acc / tl.where(filled, denom, 1.0)[:, None], 0.0)
     lse = tl.where(filled, m + tl.log(tl.where(filled, denom, 1.0)), float("-inf"))
-    tl.store(Part + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :], out,
-             mask=h_ok[:, None] & d_ok[None, :])
+    tl.store(
+        Part + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + d[None, :],
+        out,
+        mask=h_ok[:, None] & d_ok[None, :],
+    )
     tl.store(Lse + b * stride_lb + heads * stride_lh + split, lse, mask=h_ok)
 
 
 @triton.jit
-def _merge_kernel(Part, Lse, Out, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                  HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_kernel(
+    Part,
+    Lse,
+    Out,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     d = tl.arange(0, BLOCK_D)
@@ -88,8 +128,15 @@ def _merge_kernel(Part, Lse, Out, stride_pb, stride_ph, stride_ps, stride_lb, st
     tl.store(Out + b * stride_ob + h * stride_oh + d, (acc / total).to(Out.dtype.element_ty), mask=d_ok)
 
 
-def decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_indptr: torch.Tensor,
-                            kv_indices: torch.Tensor, scale: float, num_splits: int | None = None) -> torch.Tensor:
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
     """Same contract as decode_attention_ref; `num_splits` None = choose_splits."""
     batch, hq, dim = q.shape
     hkv = k_pool.shape[1]
@@ -105,14 +152,46 @@ def decode_attention_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
     block_d = max(16, triton.next_power_of_2(dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _split_kernel[(batch, hkv, num_splits)](
-        q, k_pool, v_pool, kv_indptr, kv_indices, part, lse, scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-        GROUP=group, HEAD_DIM=dim, SPLITS=num_splits, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=64, BLOCK_D=block_d, PRECISION=precision,
+        q,
+        k_pool,
+        v_pool,
+        kv_indptr,
+        kv_indices,
+        part,
+        lse,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        part.stride(0),
+        part.stride(1),
+        part.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        GROUP=group,
+        HEAD_DIM=dim,
+        SPLITS=num_splits,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=64,
+        BLOCK_D=block_d,
+        PRECISION=precision,
     )
     _merge_kernel[(batch, hq)](
-        part, lse, out, part.stride(0), part.stride(1), part.stride(2), lse.stride(0), lse.stride(1),
-        out.stride(0), out.stride(1), HEAD_DIM=dim, SPLITS=num_splits, BLOCK_D=block_d,
+        part,
+        lse,
+        out,
+        part.stride(0),
+        part.stride(1),
+        part.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=dim,
+        SPLITS=num_splits,
+        BLOCK_D=block_d,
     )
     return out

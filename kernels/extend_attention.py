@@ -15,11 +15,36 @@ from arbor.kernels.online_softmax import attend_block
 
 
 @triton.jit
-def _extend_kernel(Q, Kn, Vn, Kp, Vp, qo_indptr, kv_indptr, kv_indices, Out, scale,
-                   stride_qt, stride_qh, stride_knt, stride_knh, stride_vnt, stride_vnh,
-                   stride_kps, stride_kph, stride_vps, stride_vph, stride_ot, stride_oh,
-                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+def _extend_kernel(
+    Q,
+    Kn,
+    Vn,
+    Kp,
+    Vp,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    Out,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_knt,
+    stride_knh,
+    stride_vnt,
+    stride_vnh,
+    stride_kps,
+    stride_kph,
+    stride_vps,
+    stride_vph,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     b = tl.program_id(0)
     h = tl.program_id(1)
     block = tl.program_id(2)
@@ -34,8 +59,11 @@ def _extend_kernel(Q, Kn, Vn, Kp, Vp, qo_indptr, kv_indptr, kv_indices, Out, sca
     r_ok = rows < ext
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    q = tl.load(Q + (q_start + rows)[:, None] * stride_qt + h * stride_qh + d[None, :],
-                mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + (q_start + rows)[:, None] * stride_qt + h * stride_qh + d[None, :],
+        mask=r_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -57,13 +85,25 @@ def _extend_kernel(Q, Kn, Vn, Kp, Vp, qo_indptr, kv_indptr, kv_indices, Out, sca
         causal = (n[None, :] <= rows[:, None]) & n_ok[None, :]
         m, denom, acc = attend_block(q, k, v, causal, m, denom, acc, scale, PRECISION)
     out = acc / denom[:, None]
-    tl.store(Out + (q_start + rows)[:, None] * stride_ot + h * stride_oh + d[None, :], out.to(Out.dtype.element_ty),
-             mask=r_ok[:, None] & d_ok[None, :])
+    tl.store(
+        Out + (q_start + rows)[:, None] * stride_ot + h * stride_oh + d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=r_ok[:, None] & d_ok[None, :],
+    )
 
 
-def extend_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor,
-                            v_pool: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                            kv_indices: torch.Tensor, scale: float, max_extend: int) -> torch.Tensor:
+def extend_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    scale: float,
+    max_extend: int,
+) -> torch.Tensor:
     """Same contract as extend_attention_ref (last dims contiguous)."""
     tokens, hq, dim = q.shape
     out = torch.empty_like(q)
@@ -72,10 +112,33 @@ def extend_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
         return out
     block_m = 64 if max_extend > 32 else 16
     _extend_kernel[(batch, hq, triton.cdiv(max_extend, block_m))](
-        q, k, v, k_pool, v_pool, qo_indptr, kv_indptr, kv_indices, out, scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), out.stride(0), out.stride(1),
-        GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=32 if block_m == 16 else 64,
-        BLOCK_D=max(16, triton.next_power_of_2(dim)), PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        q,
+        k,
+        v,
+        k_pool,
+        v_pool,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        out,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        v_pool.stride(0),
+        v_pool.stride(1),
+        out.stride(0),
+        out.stride(1),
+        GROUP=hq // k.shape[1],
+        HEAD_DIM=dim,
+        BLOCK_M=block_m,
+        BLOCK_N=32 if block_m == 16 else 64,
+        BLOCK_D=max(16, triton.next_power_of_2(dim)),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
     )
     return out

@@ -72,8 +72,17 @@ def checks() -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     def add(name: str, shape: str, err: float, tol: float, ms: float, amount: float, unit: str) -> None:
-        rows.append({"kernel": name, "shape": shape, "rel_err": err, "ok": err <= tol, "ms": ms,
-                     "rate": amount / ms / (1e6 if unit == "GB/s" else 1e9), "unit": unit})
+        rows.append(
+            {
+                "kernel": name,
+                "shape": shape,
+                "rel_err": err,
+                "ok": err <= tol,
+                "ms": ms,
+                "rate": amount / ms / (1e6 if unit == "GB/s" else 1e9),
+                "unit": unit,
+            }
+        )
 
     # Decode attention: batch 64, 4k context (the bandwidth target).
     b, n = 64, 4096
@@ -82,8 +91,15 @@ def checks() -> list[dict[str, Any]]:
     q = torch.randn(b, HQ, D, dtype=DT, device="cuda")
     args = (q, kp, vp, indptr, idx, D**-0.5)
     err = _err(decode_attention_triton(*args), decode_attention_ref(*args))
-    add("decode_attention", f"B={b} ctx={n} {HQ}/{HKV}x{D}", err, 2e-2, _ms(lambda: decode_attention_triton(*args)),
-        2 * b * n * HKV * D * 2 + idx.numel() * 4, "GB/s")
+    add(
+        "decode_attention",
+        f"B={b} ctx={n} {HQ}/{HKV}x{D}",
+        err,
+        2e-2,
+        _ms(lambda: decode_attention_triton(*args)),
+        2 * b * n * HKV * D * 2 + idx.numel() * 4,
+        "GB/s",
+    )
     # Extend attention: 8 requests, 1,024 cached + 512 new tokens each.
     b, pre, ext = 8, 1024, 512
     indptr, idx, size = _paged(b, pre)
@@ -94,8 +110,15 @@ def checks() -> list[dict[str, Any]]:
     ext_args = (q, k, v, kp, vp, qo, indptr, idx, D**-0.5, ext)
     err = _err(extend_attention_triton(*ext_args), extend_attention_ref(*ext_args))
     flops = 4 * b * HQ * D * (ext * pre + ext * (ext + 1) / 2)
-    add("extend_attention", f"B={b} prefix={pre} new={ext}", err, 2e-2, _ms(lambda: extend_attention_triton(*ext_args)),
-        flops, "TFLOP/s")
+    add(
+        "extend_attention",
+        f"B={b} prefix={pre} new={ext}",
+        err,
+        2e-2,
+        _ms(lambda: extend_attention_triton(*ext_args)),
+        flops,
+        "TFLOP/s",
+    )
     t, h, inter = 4096, 4096, 14336
     x, r = (torch.randn(t, h, dtype=DT, device="cuda") for _ in range(2))
     w = torch.randn(h, dtype=DT, device="cuda")
@@ -111,24 +134,47 @@ def checks() -> list[dict[str, Any]]:
     want = rotary_ref(pos, qr.clone(), kr.clone(), cos, sin)
     got = rotary_triton(pos, qr.clone(), kr.clone(), cos, sin)
     err = max(_err(got[0], want[0]), _err(got[1], want[1]))
-    add("rotary", f"T={t} {HQ}/{HKV}x{D}", err, 2e-2, _ms(lambda: rotary_triton(pos, qr, kr, cos, sin)),
-        2 * t * (HQ + HKV) * D * 2, "GB/s")
+    add(
+        "rotary",
+        f"T={t} {HQ}/{HKV}x{D}",
+        err,
+        2e-2,
+        _ms(lambda: rotary_triton(pos, qr, kr, cos, sin)),
+        2 * t * (HQ + HKV) * D * 2,
+        "GB/s",
+    )
     rows_, vocab = 64, 128256
     logits = torch.randn(rows_, vocab, device="cuda")
-    mask = torch.randint(-(2**31), 2**31 - 1, (rows_, -(-vocab // 32)), device="cuda", dtype=torch.int64).to(torch.int32)
+    mask = torch.randint(-(2**31), 2**31 - 1, (rows_, -(-vocab // 32)), device="cuda", dtype=torch.int64).to(
+        torch.int32
+    )
     a, c = logits.clone(), logits.clone()
     apply_token_bitmask_ref(a, mask)
     apply_token_bitmask_triton(c, mask)
-    add("token_bitmask", f"B={rows_} V={vocab}", 0.0 if torch.equal(a, c) else 1.0, 0.0,
-        _ms(lambda: apply_token_bitmask_triton(logits, mask)), 2 * rows_ * vocab * 4 + mask.numel() * 4, "GB/s")
+    add(
+        "token_bitmask",
+        f"B={rows_} V={vocab}",
+        0.0 if torch.equal(a, c) else 1.0,
+        0.0,
+        _ms(lambda: apply_token_bitmask_triton(logits, mask)),
+        2 * rows_ * vocab * 4 + mask.numel() * 4,
+        "GB/s",
+    )
     indptr, idx, size = _paged(1, t)
     pools = [torch.zeros(size, HKV, D, dtype=DT, device="cuda") for _ in range(4)]
     k, v = (torch.randn(t, HKV, D, dtype=DT, device="cuda") for _ in range(2))
     store_kv_ref(pools[0], pools[1], idx, k, v)
     store_kv_triton(pools[2], pools[3], idx, k, v)
     same = torch.equal(pools[0], pools[2]) and torch.equal(pools[1], pools[3])
-    add("kv_store", f"T={t} {HKV}x{D}", 0.0 if same else 1.0, 0.0,
-        _ms(lambda: store_kv_triton(pools[2], pools[3], idx, k, v)), 4 * t * HKV * D * 2, "GB/s")
+    add(
+        "kv_store",
+        f"T={t} {HKV}x{D}",
+        0.0 if same else 1.0,
+        0.0,
+        _ms(lambda: store_kv_triton(pools[2], pools[3], idx, k, v)),
+        4 * t * HKV * D * 2,
+        "GB/s",
+    )
     for kind, name in ((0, "int8"), (1, "int4"), (2, "fp8")):
         _woq_rows(add, kind, name, 2 * inter, h)
     return rows
@@ -147,8 +193,15 @@ def _woq_rows(add: Callable[..., None], kind: int, name: str, n_out: int, k_in: 
         err = _err(woq_matmul_triton(x, codes, scale, zero, group, kind), x @ dense.T)
         ms = _ms(functools.partial(woq_matmul_triton, x, codes, scale, zero, group, kind))
         bf16_ms = _ms(functools.partial(torch.matmul, x, dense.T))
-        add(f"woq_matmul {name}", f"M={m} N={n_out} K={k_in} (bf16 {bf16_ms:.3f} ms)", err, 2e-2, ms,
-            codes.numel() + m * (k_in + n_out) * 2, "GB/s")
+        add(
+            f"woq_matmul {name}",
+            f"M={m} N={n_out} K={k_in} (bf16 {bf16_ms:.3f} ms)",
+            err,
+            2e-2,
+            ms,
+            codes.numel() + m * (k_in + n_out) * 2,
+            "GB/s",
+        )
 
 
 def main() -> None:
@@ -160,17 +213,22 @@ def main() -> None:
     torch.manual_seed(0)
     peak = peaks()
     rows = checks()
-    print(f"device: {torch.cuda.get_device_name()}  copy {peak['copy_GB_s']:.0f} GB/s  "
-          f"bf16 matmul {peak['matmul_TFLOP_s']:.0f} TFLOP/s")
+    print(
+        f"device: {torch.cuda.get_device_name()}  copy {peak['copy_GB_s']:.0f} GB/s  "
+        f"bf16 matmul {peak['matmul_TFLOP_s']:.0f} TFLOP/s"
+    )
     print(f"{'kernel':<18}{'shape':<28}{'rel err':>9}{'ok':>4}{'ms':>9}{'achieved':>12}{'of peak':>9}")
     for r in rows:
         top = peak["copy_GB_s"] if r["unit"] == "GB/s" else peak["matmul_TFLOP_s"]
-        print(f"{r['kernel']:<18}{r['shape']:<28}{r['rel_err']:>9.1e}{'y' if r['ok'] else 'N':>4}{r['ms']:>9.3f}"
-              f"{r['rate']:>8.0f} {r['unit']:<4}{100 * r['rate'] / top:>7.0f}%")
+        print(
+            f"{r['kernel']:<18}{r['shape']:<28}{r['rel_err']:>9.1e}{'y' if r['ok'] else 'N':>4}{r['ms']:>9.3f}"
+            f"{r['rate']:>8.0f} {r['unit']:<4}{100 * r['rate'] / top:>7.0f}%"
+        )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_check.json").write_text(json.dumps({"device": torch.cuda.get_device_name(), **peak,
-                                                             "kernels": rows}, indent=1))
+        (args.out / "gpu_check.json").write_text(
+            json.dumps({"device": torch.cuda.get_device_name(), **peak, "kernels": rows}, indent=1)
+        )
     if not all(r["ok"] for r in rows):
         sys.exit("some kernel differs from its reference")
 

@@ -19,8 +19,9 @@ def _store_kernel(Slots, K, V, Kp, Vp, stride_kt, stride_vt, stride_ps, ROW: tl.
     tl.store(Vp + slot * stride_ps + cols, v.to(Vp.dtype.element_ty), mask=ok)
 
 
-def store_kv_triton(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k: torch.Tensor,
-                    v: torch.Tensor) -> None:
+def store_kv_triton(
+    k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
     """Same contract as store_kv_ref; each token's [Hkv, D] row is contiguous in k, v and pools."""
     tokens = slots.numel()
     if not tokens:
@@ -29,5 +30,14 @@ def store_kv_triton(k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Ten
     k2, v2 = k.reshape(tokens, row), v.reshape(tokens, row)
     block = min(1024, triton.next_power_of_2(row))
     _store_kernel[(tokens, triton.cdiv(row, block))](
-        slots, k2, v2, k_pool, v_pool, k2.stride(0), v2.stride(0), k_pool.stride(0), ROW=row, BLOCK=block,
+        slots,
+        k2,
+        v2,
+        k_pool,
+        v_pool,
+        k2.stride(0),
+        v2.stride(0),
+        k_pool.stride(0),
+        ROW=row,
+        BLOCK=block,
     )

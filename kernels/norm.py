@@ -8,8 +8,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _rmsnorm_kernel(X, R, W, Out, Sum, eps, stride_x, stride_r, stride_o, stride_s, N: tl.constexpr,
-                    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+def _rmsnorm_kernel(
+    X,
+    R,
+    W,
+    Out,
+    Sum,
+    eps,
+    stride_x,
+    stride_r,
+    stride_o,
+    stride_s,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < N
@@ -23,8 +36,9 @@ def _rmsnorm_kernel(X, R, W, Out, Sum, eps, stride_x, stride_r, stride_o, stride
     tl.store(Out + row * stride_o + cols, (w * h.to(x.dtype)).to(Out.dtype.element_ty), mask=ok)
 
 
-def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-                   ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def rmsnorm_triton(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Same contract as rmsnorm_ref; one program per row (any leading shape, last dim contiguous)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
@@ -33,8 +47,19 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     total = torch.empty_like(x2) if residual is not None else x2
     if x2.shape[0]:
         _rmsnorm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, total, eps, x2.stride(0), r2.stride(0), out.stride(0), total.stride(0),
-            N=shape[-1], BLOCK=triton.next_power_of_2(shape[-1]), HAS_RESIDUAL=residual is not None,
+            x2,
+            r2,
+            weight,
+            out,
+            total,
+            eps,
+            x2.stride(0),
+            r2.stride(0),
+            out.stride(0),
+            total.stride(0),
+            N=shape[-1],
+            BLOCK=triton.next_power_of_2(shape[-1]),
+            HAS_RESIDUAL=residual is not None,
         )
     out = out.reshape(shape)
     return out if residual is None else (out, total.reshape(shape))

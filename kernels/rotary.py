@@ -8,8 +8,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotary_kernel(Pos, Q, K, Cos, Sin, stride_qt, stride_qh, stride_kt, stride_kh, stride_c,
-                   HQ: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr):
+def _rotary_kernel(
+    Pos,
+    Q,
+    K,
+    Cos,
+    Sin,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_c,
+    HQ: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     pos = tl.load(Pos + t).to(tl.int64)
@@ -29,13 +42,25 @@ def _rotary_kernel(Pos, Q, K, Cos, Sin, stride_qt, stride_qh, stride_kt, stride_
     tl.store(base + HALF + cols, (bf * c + af * s).to(a.dtype), mask=ok)
 
 
-def rotary_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_triton(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as rotary_ref; q and k may be strided views (last dim contiguous)."""
     tokens, hq, dim = q.shape
     if tokens:
         _rotary_kernel[(tokens, hq + k.shape[1])](
-            positions, q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-            HQ=hq, HALF=dim // 2, BLOCK=triton.next_power_of_2(dim // 2),
+            positions,
+            q,
+            k,
+            cos,
+            sin,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            cos.stride(0),
+            HQ=hq,
+            HALF=dim // 2,
+            BLOCK=triton.next_power_of_2(dim // 2),
         )
     return q, k

@@ -18,8 +18,25 @@ INT8, INT4, FP8 = 0, 1, 2
 
 
 @triton.jit
-def _woq_kernel(X, Codes, Scale, Zero, Y, M, N, K, stride_xm, stride_cn, stride_sn, stride_ym, GROUP: tl.constexpr,
-                KIND: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _woq_kernel(
+    X,
+    Codes,
+    Scale,
+    Zero,
+    Y,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_cn,
+    stride_sn,
+    stride_ym,
+    GROUP: tl.constexpr,
+    KIND: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -28,8 +45,9 @@ def _woq_kernel(X, Codes, Scale, Zero, Y, M, N, K, stride_xm, stride_cn, stride_
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_ok = rk < K
-        x = tl.load(X + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
+        x = tl.load(
+            X + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0
+        ).to(tl.float32)
         w_ok = n_ok[:, None] & k_ok[None, :]
         row = Codes + rn[:, None].to(tl.int64) * stride_cn
         if KIND == 1:  # int4: nibble (k % 32) // 16 of byte (k // 32) * 16 + k % 16
@@ -46,12 +64,16 @@ def _woq_kernel(X, Codes, Scale, Zero, Y, M, N, K, stride_xm, stride_cn, stride_
         zero = tl.load(Zero + rn[:, None] * stride_sn + g, mask=w_ok, other=0.0)
         w = (code - zero) * scale  # [BLOCK_N, BLOCK_K]
         acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-    tl.store(Y + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], acc.to(Y.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(
+        Y + rm[:, None].to(tl.int64) * stride_ym + rn[None, :],
+        acc.to(Y.dtype.element_ty),
+        mask=m_ok[:, None] & n_ok[None, :],
+    )
 
 
-def woq_matmul_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int,
-                      kind: int) -> torch.Tensor:
+def woq_matmul_triton(
+    x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int, kind: int
+) -> torch.Tensor:
     """x [M, K] (last dim contiguous) times the dequantized weight [N, K], transposed: [M, N]
     in x's dtype, accumulated in float32."""
     m, k = x.shape
@@ -60,6 +82,23 @@ def woq_matmul_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor,
     block_m = 16 if m <= 16 else 64
     block_k = 32 if group % 64 else 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, 64))
-    _woq_kernel[grid](x, codes, scale, zero, y, m, n, k, x.stride(0), codes.stride(0), scale.stride(0), y.stride(0),
-                      GROUP=group, KIND=kind, BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=block_k)
+    _woq_kernel[grid](
+        x,
+        codes,
+        scale,
+        zero,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        codes.stride(0),
+        scale.stride(0),
+        y.stride(0),
+        GROUP=group,
+        KIND=kind,
+        BLOCK_M=block_m,
+        BLOCK_N=64,
+        BLOCK_K=block_k,
+    )
     return y

@@ -203,8 +203,10 @@ class RadixCache(PrefixCache):
 
     def dump(self, max_tokens: int = 8) -> str:
         """A readable tree: each edge's first tokens, length, lock count and last access."""
-        lines = [f"RadixCache(page_size={self.page_size}, total={self._total}, "
-                 f"evictable={self._evictable}, protected={self._protected}, nodes={self._num_nodes})"]
+        lines = [
+            f"RadixCache(page_size={self.page_size}, total={self._total}, "
+            f"evictable={self._evictable}, protected={self._protected}, nodes={self._num_nodes})"
+        ]
         for salt, root in self._roots.items():
             lines.append(f"salt={salt!r}")
             stack = [(child, 1) for child in reversed(list(root.children.values()))]
@@ -212,8 +214,9 @@ class RadixCache(PrefixCache):
                 node, depth = stack.pop()
                 tokens = array("i", node.key[: max_tokens * TOKEN_BYTES]).tolist()
                 more = "..." if len(node.value) > max_tokens else ""
-                lines.append(f"{'  ' * depth}{tokens}{more} len={len(node.value)} "
-                             f"lock={node.lock_ref} t={node.last_access}")
+                lines.append(
+                    f"{'  ' * depth}{tokens}{more} len={len(node.value)} lock={node.lock_ref} t={node.last_access}"
+                )
                 stack.extend((child, depth + 1) for child in reversed(list(node.children.values())))
         return "\n".join(lines)
 
@@ -345,6 +348,7 @@ class RadixCache(PrefixCache):
 def _live(stamp: int, node: TreeNode) -> bool:
     """Whether an LRU entry still names an evictable leaf as of that access."""
     return node.parent is not None and not node.children and not node.lock_ref and node.last_access == stamp
+
 
 def _expect(ok: bool, message: str) -> None:
     if not ok:

@@ -18,8 +18,12 @@ def add_commands(sub: argparse._SubParsersAction) -> dict[str, Handler]:
     """Register `serve` and `make-tiny-model` on `sub`; return their handlers by name."""
     tiny = sub.add_parser("make-tiny-model", help="write a deterministic random Llama-family checkpoint")
     tiny.add_argument("dir", help="output directory (created)")
-    tiny.add_argument("--arch", default="llama", choices=("llama", "qwen2", "qwen3", "mistral"),
-                      help="architecture to write (default: llama)")
+    tiny.add_argument(
+        "--arch",
+        default="llama",
+        choices=("llama", "qwen2", "qwen3", "mistral"),
+        help="architecture to write (default: llama)",
+    )
     tiny.add_argument("--layers", type=int, default=4, help="decoder layers (default: 4)")
     tiny.add_argument("--hidden", type=int, default=128, help="hidden size (default: 128)")
     tiny.add_argument("--heads", type=int, default=4, help="attention heads (default: 4)")
@@ -41,8 +45,13 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     from arbor.runtime.tiny_model import TinySpec, make_tiny_model
 
     spec = TinySpec(
-        arch=args.arch, layers=args.layers, hidden=args.hidden, heads=args.heads,
-        kv_heads=args.kv_heads, seed=args.seed, tie_word_embeddings=args.tie_word_embeddings,
+        arch=args.arch,
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        seed=args.seed,
+        tie_word_embeddings=args.tie_word_embeddings,
     )
     print(f"wrote {make_tiny_model(args.dir, spec)}")
     return 0

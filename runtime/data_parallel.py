@@ -32,10 +32,12 @@ STOP_GRACE_S = 15.0
 POLL_S = 0.5
 # sglang-router takes its worker key only as --api-key. It is added to sys.argv inside the
 # router's process, so /proc/PID/cmdline (readable by every local user) never shows it.
-ROUTER_MAIN = ("import os, runpy, sys\n"
-               "key = os.environ.pop('ARBOR_ROUTER_API_KEY', None)\n"
-               "sys.argv[1:] += ['--api-key', key] if key else []\n"
-               "runpy.run_module('sglang_router.launch_router', run_name='__main__')")
+ROUTER_MAIN = (
+    "import os, runpy, sys\n"
+    "key = os.environ.pop('ARBOR_ROUTER_API_KEY', None)\n"
+    "sys.argv[1:] += ['--api-key', key] if key else []\n"
+    "runpy.run_module('sglang_router.launch_router', run_name='__main__')"
+)
 ROUTER_LOG_LEVEL = {"debug": "debug", "info": "info", "warning": "warn", "error": "error"}
 
 
@@ -85,8 +87,14 @@ def serve_data_parallel(args: ServerArgs) -> int:
     try:
         reason = _start(args, fleet, stopping.__len__)
         if reason is None and not stopping:
-            logger.info("sglang-router (%s) on http://%s:%d in front of %d workers: %s", args.router.policy,
-                        args.http.host, args.http.port, len(fleet.urls), " ".join(fleet.urls))
+            logger.info(
+                "sglang-router (%s) on http://%s:%d in front of %d workers: %s",
+                args.router.policy,
+                args.http.host,
+                args.http.port,
+                len(fleet.urls),
+                " ".join(fleet.urls),
+            )
             while reason is None and not stopping:
                 time.sleep(POLL_S)
                 reason = fleet.exited()
@@ -111,21 +119,40 @@ def _start(args: ServerArgs, fleet: Fleet, stopped: Callable[[], int]) -> str | 
     for i in range(parallel.dp_size):
         port = free_port()
         metrics_port = http.metrics_port + i if http.metrics_port else None  # each worker its own
-        flags = args.to_cli_args(dp_size=1, host="127.0.0.1", port=port, num_threads=threads, api_key=None,
-                                 metrics_port=metrics_port)
+        flags = args.to_cli_args(
+            dp_size=1, host="127.0.0.1", port=port, num_threads=threads, api_key=None, metrics_port=metrics_port
+        )
         fleet.workers.append(_spawn([sys.executable, "-m", "arbor", "serve", *flags], env))
         fleet.urls.append(f"http://127.0.0.1:{port}")
     for url in fleet.urls:
         reason = _wait(fleet, url + "/health", WORKER_READY_S, stopped)
         if reason is not None:
             return reason
-    command = [sys.executable, "-c", ROUTER_MAIN, "--host", http.host, "--port", str(http.port),
-               "--policy", router.policy, "--cache-threshold", str(router.cache_threshold),
-               "--balance-abs-threshold", str(router.balance_abs_threshold),
-               "--balance-rel-threshold", str(router.balance_rel_threshold),
-               "--log-level", ROUTER_LOG_LEVEL[args.log_level],
-               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-               "--worker-urls", *fleet.urls]
+    command = [
+        sys.executable,
+        "-c",
+        ROUTER_MAIN,
+        "--host",
+        http.host,
+        "--port",
+        str(http.port),
+        "--policy",
+        router.policy,
+        "--cache-threshold",
+        str(router.cache_threshold),
+        "--balance-abs-threshold",
+        str(router.balance_abs_threshold),
+        "--balance-rel-threshold",
+        str(router.balance_rel_threshold),
+        "--log-level",
+        ROUTER_LOG_LEVEL[args.log_level],
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+        "--worker-urls",
+        *fleet.urls,
+    ]
     router_env = dict(os.environ)
     if http.api_key:  # what the router sends the workers
         router_env["ARBOR_ROUTER_API_KEY"] = http.api_key

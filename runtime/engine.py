@@ -54,9 +54,16 @@ class Engine:
     # ------------------------------------------------------------- generate
 
     def generate(
-        self, prompt: Prompt = None, sampling_params: Params = None, input_ids: InputIds = None,
-        stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
-        rid: str | list[str] | None = None, progress: bool | None = None, **logprob_options: Any,
+        self,
+        prompt: Prompt = None,
+        sampling_params: Params = None,
+        input_ids: InputIds = None,
+        stream: bool = False,
+        return_logprob: bool = False,
+        cache_salt: str | None = None,
+        rid: str | list[str] | None = None,
+        progress: bool | None = None,
+        **logprob_options: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """Generate for one prompt (a dict back; a list of n for n > 1) or a list (a list
         back, in order, n per prompt); SGLang's Engine argument order. `stream=True` (one prompt) returns an iterator of
@@ -64,21 +71,37 @@ class Engine:
         a bar (default: batches >= 32). `logprob_options`: logprob_start_len (>= 0 adds
         prompt logprobs), top_logprobs_num, return_text_in_logprobs; also require_reasoning
         (with a reasoning parser: the constraint starts after </think>)."""
-        prepared, single = self._prepare(prompt, input_ids, sampling_params, rid, dict(
-            stream=stream, return_logprob=return_logprob, cache_salt=cache_salt, **logprob_options))
+        prepared, single = self._prepare(
+            prompt,
+            input_ids,
+            sampling_params,
+            rid,
+            dict(stream=stream, return_logprob=return_logprob, cache_salt=cache_salt, **logprob_options),
+        )
         if stream:
             return self._stream(prepared[0])
         show = progress if progress is not None else len(prepared) >= PROGRESS_MIN_BATCH
         return _shape(self._call(self._collect(prepared, show)), single)
 
     async def async_generate(
-        self, prompt: Prompt = None, sampling_params: Params = None, input_ids: InputIds = None,
-        stream: bool = False, return_logprob: bool = False, cache_salt: str | None = None,
-        rid: str | list[str] | None = None, **logprob_options: Any,
+        self,
+        prompt: Prompt = None,
+        sampling_params: Params = None,
+        input_ids: InputIds = None,
+        stream: bool = False,
+        return_logprob: bool = False,
+        cache_salt: str | None = None,
+        rid: str | list[str] | None = None,
+        **logprob_options: Any,
     ) -> dict[str, Any] | list[dict[str, Any]] | AsyncIterator[dict[str, Any]]:
         """`generate` for asyncio callers (any event loop); `stream=True` gives an async iterator."""
-        prepared, single = self._prepare(prompt, input_ids, sampling_params, rid, dict(
-            stream=stream, return_logprob=return_logprob, cache_salt=cache_salt, **logprob_options))
+        prepared, single = self._prepare(
+            prompt,
+            input_ids,
+            sampling_params,
+            rid,
+            dict(stream=stream, return_logprob=return_logprob, cache_salt=cache_salt, **logprob_options),
+        )
         if stream:
             return self._astream(prepared[0])
         results = await asyncio.wrap_future(self._submit(self._collect(prepared, False)))
@@ -99,7 +122,11 @@ class Engine:
         return {"model_path": self.model_path, "chat_roles": role_markers(self.tokenizer), **self.manager.info}
 
     def _prepare(
-        self, prompt: Prompt, input_ids: InputIds, params: Params, rid: str | list[str] | None,
+        self,
+        prompt: Prompt,
+        input_ids: InputIds,
+        params: Params,
+        rid: str | list[str] | None,
         options: dict[str, Any],
     ) -> tuple[list[Prepared], bool]:
         unknown = sorted(set(options) - OPTIONS - {"stream", "return_logprob", "cache_salt"})

@@ -30,8 +30,9 @@ class Section:
             allowed = _choices(hint, f)
             value = getattr(self, f.name)
             if allowed and value not in allowed and not (value is None and type(None) in typing.get_args(hint)):
-                raise ValueError(f"--{_flag_name(f).replace('_', '-')} must be one of {', '.join(allowed)}, "
-                                 f"got {value!r}")
+                raise ValueError(
+                    f"--{_flag_name(f).replace('_', '-')} must be one of {', '.join(allowed)}, got {value!r}"
+                )
         self.validate()
 
     def validate(self) -> None:
@@ -60,12 +61,17 @@ class FlagTable:
         self.root = root
         hints = _hints(root)
         self.sections: dict[str, type] = {
-            f.name: hints[f.name] for f in dataclasses.fields(root)
-            if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)}
+            f.name: hints[f.name]
+            for f in dataclasses.fields(root)
+            if isinstance(hints[f.name], type) and issubclass(hints[f.name], Section)
+        }
         owners: list[tuple[str | None, type]] = [*self.sections.items(), (None, root)]
-        self.flags = {_flag_name(f): Flag(section, f, _bare(_hints(owner)[f.name]))
-                      for section, owner in owners for f in dataclasses.fields(owner)
-                      if f.name not in self.sections or owner is not root}
+        self.flags = {
+            _flag_name(f): Flag(section, f, _bare(_hints(owner)[f.name]))
+            for section, owner in owners
+            for f in dataclasses.fields(owner)
+            if f.name not in self.sections or owner is not root
+        }
 
     def value(self, obj: Any, name: str) -> Any:
         """The value of flag `name` in `obj`, wherever its section keeps it."""
@@ -89,7 +95,8 @@ class FlagTable:
         """One `--flag` per field, with its type, default and help; a group per section."""
         groups: dict[str, Any] = {
             section: parser.add_argument_group(f"{section} ({owner.__name__})", (owner.__doc__ or "").split("\n\n")[0])
-            for section, owner in self.sections.items()}
+            for section, owner in self.sections.items()
+        }
         for name, flag in self.flags.items():
             _add_argument(parser if flag.section is None else groups[flag.section], name, flag)
 
@@ -134,10 +141,15 @@ def _add_argument(group: Any, name: str, flag: Flag) -> None:
     """On/off for a bool (`--no-flag` too when on by default), else typed, with its choices."""
     f, help_text = flag.field, flag.field.metadata["help"]
     if flag.hint is bool and f.default:
-        group.add_argument(flag.option, dest=name, action=argparse.BooleanOptionalAction, default=True,
-                           help=help_text)
+        group.add_argument(flag.option, dest=name, action=argparse.BooleanOptionalAction, default=True, help=help_text)
     elif flag.hint is bool:
         group.add_argument(flag.option, dest=name, action="store_true", help=help_text)
     else:
-        group.add_argument(flag.option, dest=name, type=flag.hint if flag.hint in (int, float) else str,
-                           default=f.default, choices=_choices(flag.hint, f), help=f"{help_text} (default: {f.default})")
+        group.add_argument(
+            flag.option,
+            dest=name,
+            type=flag.hint if flag.hint in (int, float) else str,
+            default=f.default,
+            choices=_choices(flag.hint, f),
+            help=f"{help_text} (default: {f.default})",
+        )

@@ -23,9 +23,22 @@ SERVER_FLAGS = ("--api-key", API_KEY, "--context-length", "256", "--max-body-byt
 
 def fuzz(server: Server, seconds: int, seed: int | None) -> int:
     """Run schemathesis against `server`; its exit code (0: no server error found)."""
-    cmd = [str(Path(sys.executable).with_name("schemathesis")), "run", f"{server.base_url}/openapi.json",
-           "--checks", "not_a_server_error", "--max-time", str(seconds), "--workers", "2",
-           "--request-timeout", "60", "-H", f"Authorization: Bearer {API_KEY}", "--no-color"]
+    cmd = [
+        str(Path(sys.executable).with_name("schemathesis")),
+        "run",
+        f"{server.base_url}/openapi.json",
+        "--checks",
+        "not_a_server_error",
+        "--max-time",
+        str(seconds),
+        "--workers",
+        "2",
+        "--request-timeout",
+        "60",
+        "-H",
+        f"Authorization: Bearer {API_KEY}",
+        "--no-color",
+    ]
     if seed is not None:
         cmd += ["--seed", str(seed)]
     return subprocess.run(cmd, timeout=seconds + 300).returncode

@@ -21,13 +21,22 @@ DOC = ROOT / "docs" / "sglang_fields.md"
 SOURCES = {  # schema -> (file under sglang/srt, class, its base classes to include)
     "/generate body (GenerateReqInput)": ("managers/io_struct.py", "GenerateReqInput", ()),
     "sampling_params (SamplingParams)": ("sampling/sampling_params.py", "SamplingParams", ()),
-    "/v1/completions (CompletionRequest)": ("entrypoints/openai/protocol.py", "CompletionRequest",
-                                            ("PDRoutingFields",)),
-    "/v1/chat/completions (ChatCompletionRequest)": ("entrypoints/openai/protocol.py", "ChatCompletionRequest",
-                                                     ("PDRoutingFields",)),
+    "/v1/completions (CompletionRequest)": (
+        "entrypoints/openai/protocol.py",
+        "CompletionRequest",
+        ("PDRoutingFields",),
+    ),
+    "/v1/chat/completions (ChatCompletionRequest)": (
+        "entrypoints/openai/protocol.py",
+        "ChatCompletionRequest",
+        ("PDRoutingFields",),
+    ),
 }
-STRUCTS = {"GenerateReqInput": GenerateRequest, "CompletionRequest": CompletionRequest,
-           "ChatCompletionRequest": ChatCompletionRequest}
+STRUCTS = {
+    "GenerateReqInput": GenerateRequest,
+    "CompletionRequest": CompletionRequest,
+    "ChatCompletionRequest": ChatCompletionRequest,
+}
 HONOURED, ADVISORY, DEFAULT, MISSING = "honoured", "accepted, no effect", "refused unless default", "MISSING"
 
 

@@ -38,9 +38,7 @@ def sources() -> list[BuildSource]:
 
 def check() -> int:
     """Run mypy over the package; print its report and return the exit status."""
-    _, options = process_options(
-        ["--config-file", str(ROOT / "pyproject.toml")], require_targets=False
-    )
+    _, options = process_options(["--config-file", str(ROOT / "pyproject.toml")], require_targets=False)
     files = sources()
     start = time.monotonic()
     # mypy puts its working directory first on the import path: from the repository root,
@@ -57,8 +55,8 @@ def check() -> int:
     print("\n".join(messages))
     print(
         f"{errors} errors in {len(files)} files ({time.monotonic() - start:.0f} s)"
-        if errors else f"Success: no issues found in {len(files)} files"
-        f" ({time.monotonic() - start:.0f} s)"
+        if errors
+        else f"Success: no issues found in {len(files)} files ({time.monotonic() - start:.0f} s)"
     )
     return 1 if errors else 0
 

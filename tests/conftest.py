@@ -23,9 +23,15 @@ SPECS = {
     "llama-tied-gqa4": TinySpec(arch="llama", seed=4, heads=8, kv_heads=2, tie_word_embeddings=True),
     "llama-long": TinySpec(arch="llama", seed=6, max_position_embeddings=4096),
     "llama3-rope": TinySpec(
-        arch="llama", seed=5,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        arch="llama",
+        seed=5,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
     ),
 }
 
@@ -38,9 +44,11 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_root: Path):
     """tiny_model(name) -> path of that checkpoint, written on first use."""
+
     def get(name: str) -> Path:
         path = tiny_root / name
         if not (path / "config.json").exists():
             make_tiny_model(path, SPECS[name])
         return path
+
     return get

@@ -61,8 +61,11 @@ def test_the_weight_format_example_keeps_the_contract(monkeypatch, tmp_path):
     example = _weight_format_example(monkeypatch)
     source, write = example["NpzSource"], example["save_npz"]
     fmt = weight_contract.Format(source, write)  # type: ignore[arg-type]
-    checks = [f for name, f in vars(weight_contract).items() if name.startswith("test_")
-              and list(inspect.signature(f).parameters) == ["fmt", "tmp_path"]]
+    checks = [
+        f
+        for name, f in vars(weight_contract).items()
+        if name.startswith("test_") and list(inspect.signature(f).parameters) == ["fmt", "tmp_path"]
+    ]
     assert len(checks) >= 5
     for i, check in enumerate(checks):
         (tmp_path / str(i)).mkdir()
@@ -70,9 +73,7 @@ def test_the_weight_format_example_keeps_the_contract(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("load_format", ["npz", "auto"])
-def test_the_weight_format_example_loads_the_model_safetensors_gives(
-    monkeypatch, tmp_path, tiny_model, load_format
-):
+def test_the_weight_format_example_loads_the_model_safetensors_gives(monkeypatch, tmp_path, tiny_model, load_format):
     example = _weight_format_example(monkeypatch)
     example["convert_to_npz"](tiny_model("llama"), tmp_path / "npz")  # type: ignore[operator]
     cpu = torch.device("cpu")
@@ -97,8 +98,16 @@ def _tiny_gemma(path: Path) -> Path:
     near zero, norm gains away from 1 so that a mis-loaded norm changes them."""
     from transformers import GemmaConfig, GemmaForCausalLM
 
-    config = GemmaConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+    config = GemmaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     model = GemmaForCausalLM(config)
     with torch.no_grad():
@@ -115,8 +124,11 @@ def test_the_model_example_is_about_a_hundred_lines():
 def test_the_model_example_keeps_the_contract(monkeypatch, tmp_path):
     _register_model_example(monkeypatch)
     path = _tiny_gemma(tmp_path / "gemma")
-    checks = [f for name, f in vars(model_contract).items() if name.startswith("test_")
-              and list(inspect.signature(f).parameters) == ["checkpoint"]]
+    checks = [
+        f
+        for name, f in vars(model_contract).items()
+        if name.startswith("test_") and list(inspect.signature(f).parameters) == ["checkpoint"]
+    ]
     assert len(checks) >= 5
     for check in checks:
         check(path)
@@ -133,8 +145,9 @@ def test_the_model_example_gives_transformers_logits(monkeypatch, tmp_path):
     rows = [runner.req_to_token.alloc() for _ in prompts]
     ends = [len(p) for p in prompts]
     loc = reserve_positions(runner.req_to_token, runner.allocator, rows, [0] * len(prompts), ends)
-    batch = ForwardBatch.build(ForwardMode.EXTEND, prompts, [0] * len(prompts), rows, loc,
-                               runner.req_to_token.table, return_all_logits=True)
+    batch = ForwardBatch.build(
+        ForwardMode.EXTEND, prompts, [0] * len(prompts), rows, loc, runner.req_to_token.table, return_all_logits=True
+    )
     ours = runner.forward(batch).all_logits
     assert ours is not None
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

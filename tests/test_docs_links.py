@@ -24,11 +24,12 @@ def _links(text: str) -> list[str]:
 
 
 def _paths(text: str) -> list[str]:
-    """Backticked repository paths outside code blocks, without a `:symbol` suffix."""
+    """Backticked repository paths outside code blocks, without a `:symbol` suffix (a path with a
+    `<placeholder>` is a template, not a file)."""
     found = []
     for span in CODE.findall(FENCE.sub("", text)):
         path = span.split(":")[0].rstrip(".,")
-        if "/" in path and path.split("/")[0] in TOP:
+        if "/" in path and "<" not in path and path.split("/")[0] in TOP:
             found.append(path)
     return found
 

@@ -52,7 +52,8 @@ def test_pyproject_lists_every_package_and_top_folders_are_namespaces():
     assert config["package-dir"] == {"arbor": "."}
     found = {"arbor"} | {
         "arbor." + ".".join(d.relative_to(ROOT).parts)
-        for sub in SUBPACKAGES for d in [ROOT / sub, *(ROOT / sub).rglob("*")]
+        for sub in SUBPACKAGES
+        for d in [ROOT / sub, *(ROOT / sub).rglob("*")]
         if d.is_dir() and any(d.glob("*.py"))
     }
     assert set(config["packages"]) == found
@@ -74,15 +75,17 @@ def test_layers_import_downward_only():
 
 def test_no_module_level_import_cycles():
     modules = _modules()
-    graph = {name: {m for m in _imports(path, module_level_only=True) if m in modules and m != name}
-             for name, path in modules.items()}
+    graph = {
+        name: {m for m in _imports(path, module_level_only=True) if m in modules and m != name}
+        for name, path in modules.items()
+    }
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
 
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                pytest.fail("import cycle: " + " -> ".join([*stack[stack.index(nxt):], nxt]))
+                pytest.fail("import cycle: " + " -> ".join([*stack[stack.index(nxt) :], nxt]))
             if nxt not in state:
                 visit(nxt, [*stack, nxt])
         state[node] = 2

@@ -15,6 +15,9 @@ def test_mypy_finds_no_type_errors():
     # timeout only bounds a hang.
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "typecheck.py")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, f"mypy reported errors:\n{run.stdout}{run.stderr}"

@@ -23,14 +23,18 @@ class StreamingClient(HttpUser):
 
     @task
     def stream(self) -> None:
-        body = {"text": "load test prompt", "stream": True,
-                "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True}}
+        body = {
+            "text": "load test prompt",
+            "stream": True,
+            "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "ignore_eos": True},
+        }
         name = "hang-up" if self.hangs_up else "stream"
         with self.client.post("/generate", json=body, stream=True, catch_response=True, name=name) as r:
             if r.status_code in (429, 503):
                 r.success()
-                self.environment.events.request.fire(request_type="REFUSED", name=str(r.status_code),
-                                                     response_time=0, response_length=0, exception=None)
+                self.environment.events.request.fire(
+                    request_type="REFUSED", name=str(r.status_code), response_time=0, response_length=0, exception=None
+                )
                 return
             if r.status_code != 200:
                 r.failure(f"status {r.status_code}: {r.text[:200]}")
@@ -41,7 +45,7 @@ class StreamingClient(HttpUser):
                     continue
                 if line == b"data: [DONE]":
                     break
-                event = json.loads(line[len(b"data: "):])
+                event = json.loads(line[len(b"data: ") :])
                 if "error" in event:
                     r.failure(event["error"]["message"])
                     return

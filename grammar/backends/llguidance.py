@@ -30,8 +30,9 @@ def make_tokenizer(vocab: TokenVocabulary, encode: Any) -> Any:
     turns text into ids (the Hugging Face tokenizer's)."""
     import llguidance
 
-    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Source(vocab, encode)), n_vocab=vocab.logits_size,
-                                  eos_token=vocab.eos_ids)
+    return llguidance.LLTokenizer(
+        llguidance.TokenizerWrapper(_Source(vocab, encode)), n_vocab=vocab.logits_size, eos_token=vocab.eos_ids
+    )
 
 
 class _Source:

@@ -34,8 +34,14 @@ class CompiledGrammar:
     """An outlines-core Index plus lazily built, bounded per-state masks and jump info.
     Masks are built through a Guide standing at the state (see GrammarMatcher)."""
 
-    def __init__(self, index: outlines_core.Index, tables: VocabTables, unenforced: list[str], index_bytes: int,
-                 distances: Distances | None = None) -> None:
+    def __init__(
+        self,
+        index: outlines_core.Index,
+        tables: VocabTables,
+        unenforced: list[str],
+        index_bytes: int,
+        distances: Distances | None = None,
+    ) -> None:
         self.index = index
         self.tables = tables
         self.unenforced = unenforced
@@ -116,7 +122,9 @@ class GrammarMatcher:
         """Write the allowed-token bitset of the current state into `out` (int32 words); with
         `remaining` tokens of budget left (budget-aware), only tokens that keep the output
         closable within them (budget.py)."""
-        most = self.grammar.distances.limit(self.state, remaining) if remaining is not None and self.budget_aware else None
+        most = (
+            self.grammar.distances.limit(self.state, remaining) if remaining is not None and self.budget_aware else None
+        )
         if most is not None:
             out[:] = self.grammar.limited_mask(self.state, self._guide, most)
         else:

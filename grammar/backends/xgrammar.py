@@ -29,8 +29,9 @@ def tokenizer_info_json(vocab: TokenVocabulary) -> bytes:
     import xgrammar
 
     encoded = [b if b is not None else b"" for b in vocab.token_bytes]
-    info = xgrammar.TokenizerInfo(encoded, xgrammar.VocabType.RAW, vocab_size=vocab.logits_size,
-                                  stop_token_ids=vocab.eos_ids)
+    info = xgrammar.TokenizerInfo(
+        encoded, xgrammar.VocabType.RAW, vocab_size=vocab.logits_size, stop_token_ids=vocab.eos_ids
+    )
     return info.serialize_json().encode()
 
 

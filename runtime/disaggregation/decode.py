@@ -60,8 +60,9 @@ class _Pulled:
 class DecodeReceiver(NullRole):
     """Requests waiting for slots (`queue`) and for their KV (`pulled`, by room)."""
 
-    def __init__(self, disagg: DisaggArgs, host: str, kv: KVManager, pool: KVPool, stats: SchedulerStats,
-                 secret: str) -> None:
+    def __init__(
+        self, disagg: DisaggArgs, host: str, kv: KVManager, pool: KVPool, stats: SchedulerStats, secret: str
+    ) -> None:
         self.transfer = make_transfer(disagg.transfer_backend, pool, "decode", host, disagg.ib_device)
         self.kv = kv
         self.codec = BootstrapCodec(secret)
@@ -117,8 +118,14 @@ class DecodeReceiver(NullRole):
             room = req.bootstrap.room if req.bootstrap is not None else -1
             if room in self.pulled:  # its staging buffer and slots would be lost under the other's
                 self.queue.pop(0)
-                ended.append(_abort(req, f"bootstrap_room {room} is already in flight on this decode worker; "
-                                         "give each request its own room", 409))
+                ended.append(
+                    _abort(
+                        req,
+                        f"bootstrap_room {room} is already in flight on this decode worker; "
+                        "give each request its own room",
+                        409,
+                    )
+                )
                 continue
             if self.pulled and self.staged_bytes + self._staging_bytes(req) > self.staging_budget:
                 break
@@ -140,8 +147,14 @@ class DecodeReceiver(NullRole):
                 ended.append(_abort(req, f"could not ask the prefill worker for the KV: {exc}", 503))
         for req, since in [q for q in self.queue if now - q[1] > self.timeout]:
             self.queue.remove((req, since))
-            ended.append(_abort(req, f"no KV slots (or staging memory, --disaggregation-staging-mb) came free on "
-                                     f"this decode worker within {self.timeout:g} s", 503))
+            ended.append(
+                _abort(
+                    req,
+                    f"no KV slots (or staging memory, --disaggregation-staging-mb) came free on "
+                    f"this decode worker within {self.timeout:g} s",
+                    503,
+                )
+            )
         return ended
 
     def _staging_bytes(self, req: Req) -> int:
@@ -158,8 +171,17 @@ class DecodeReceiver(NullRole):
         fill = req.fill_ids()[:end]
         peer = (boot.host, boot.port)
         try:
-            self._send(peer, KVPull(room=boot.room, layout=staging.layout, skip=skip, kv_len=end,
-                                    tokens_crc=zlib.crc32(fill.tobytes()), nonce=nonce))
+            self._send(
+                peer,
+                KVPull(
+                    room=boot.room,
+                    layout=staging.layout,
+                    skip=skip,
+                    kv_len=end,
+                    tokens_crc=zlib.crc32(fill.tobytes()),
+                    nonce=nonce,
+                ),
+            )
         except BaseException:
             self.transfer.unstage(staging, None)  # nothing was sent: nobody can write it
             raise
@@ -189,8 +211,10 @@ class DecodeReceiver(NullRole):
             if p.ended:  # the prefill worker never answered the cancel: it is gone
                 self._drop(room)
             else:
-                message = (f"the KV of room {room} did not arrive from the prefill worker "
-                           f"{p.peer[0]}:{p.peer[1]} within {self.timeout:g} s")
+                message = (
+                    f"the KV of room {room} did not arrive from the prefill worker "
+                    f"{p.peer[0]}:{p.peer[1]} within {self.timeout:g} s"
+                )
                 ended.append(self._end(room, message, 504))
         return arrived, ended
 
@@ -217,8 +241,10 @@ class DecodeReceiver(NullRole):
         msg = self.codec.done(raw)
         p = self.pulled.get(msg.room) if msg is not None else None
         if msg is None or p is None or msg.agent != agent or not hmac.compare_digest(msg.nonce, p.nonce):
-            reject(self.stats, "a KV notification not signed with the PD secret, from another agent, or "
-                                  "without its pull's nonce")
+            reject(
+                self.stats,
+                "a KV notification not signed with the PD secret, from another agent, or without its pull's nonce",
+            )
             return
         room = msg.room
         if p.ended:
@@ -228,8 +254,11 @@ class DecodeReceiver(NullRole):
         if msg.kv_len != req.seq_len:
             self._drop(room)
             self.kv.release(req)
-            ended.append(_abort(req, f"the prefill worker computed {msg.kv_len} positions, this worker "
-                                     f"expected {req.seq_len}", 502))
+            ended.append(
+                _abort(
+                    req, f"the prefill worker computed {msg.kv_len} positions, this worker expected {req.seq_len}", 502
+                )
+            )
             return
         slots = torch.from_numpy(self.kv.slots(req, req.kv_len, req.seq_len).astype("int64"))
         del self.pulled[room]

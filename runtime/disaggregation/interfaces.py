@@ -24,8 +24,10 @@ def ucx_devices(host: str, device: str | None) -> str | None:
     for _, name in socket.if_nameindex():
         if interface_address(name) == str(address):
             return name
-    raise RuntimeError(f"no network interface holds --host {host} ({address}; IPv4 interfaces are searched); "
-                       "name the KV transfer's device with --disaggregation-ib-device")
+    raise RuntimeError(
+        f"no network interface holds --host {host} ({address}; IPv4 interfaces are searched); "
+        "name the KV transfer's device with --disaggregation-ib-device"
+    )
 
 
 def interface_address(name: str) -> str | None:

@@ -53,8 +53,9 @@ class PrefillSender(NullRole):
     Every message there must be signed with the PD secret and well formed; any other is
     dropped and counted (`bootstrap_rejected`), and never ends the worker."""
 
-    def __init__(self, disagg: DisaggArgs, host: str, kv: KVManager, pool: KVPool, stats: SchedulerStats,
-                 secret: str) -> None:
+    def __init__(
+        self, disagg: DisaggArgs, host: str, kv: KVManager, pool: KVPool, stats: SchedulerStats, secret: str
+    ) -> None:
         self.transfer = make_transfer(disagg.transfer_backend, pool, "prefill", host, disagg.ib_device)
         self.kv = kv
         self.codec = BootstrapCodec(secret)
@@ -106,8 +107,9 @@ class PrefillSender(NullRole):
                 h.peer, pull = self.pulls.pop(room)
                 ended += self._start(h, pull)
             elif h.handle is None and now - h.since > self.timeout:
-                ended.append(self._end(h, f"no decode worker asked for the KV of room {room} within "
-                                          f"{self.timeout:g} s", 504))
+                ended.append(
+                    self._end(h, f"no decode worker asked for the KV of room {room} within {self.timeout:g} s", 504)
+                )
             elif h.handle is not None:
                 ended += self._check(h, now)
         return ended, []
@@ -142,8 +144,10 @@ class PrefillSender(NullRole):
         fill = req.fill_ids()[: req.kv_len]
         problem = self.transfer.check_peer(pull.layout)
         if problem is None and (pull.kv_len != req.kv_len or pull.tokens_crc != zlib.crc32(fill.tobytes())):
-            problem = (f"the decode worker holds a different prompt for room {pull.room} ({pull.kv_len} positions, "
-                       f"this worker {req.kv_len}): do both workers serve the same model and tokenizer?")
+            problem = (
+                f"the decode worker holds a different prompt for room {pull.room} ({pull.kv_len} positions, "
+                f"this worker {req.kv_len}): do both workers serve the same model and tokenizer?"
+            )
         if problem is not None:
             self._reply(h.peer, KVFailed(room=pull.room, message=problem))
             return [self._end(h, problem, 502)]

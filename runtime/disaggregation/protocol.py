@@ -93,8 +93,10 @@ def pull_problem(pull: KVPull) -> str | None:
     if len(layout.k_ptrs) != len(layout.v_ptrs) or not layout.k_ptrs:
         return f"the pull for room {pull.room} names {len(layout.k_ptrs)} K and {len(layout.v_ptrs)} V layers"
     if pull.skip > pull.kv_len or layout.slots != pull.kv_len - pull.skip:
-        return (f"the pull for room {pull.room} asks for positions [{pull.skip}, {pull.kv_len}) into "
-                f"{layout.slots} staging rows")
+        return (
+            f"the pull for room {pull.room} asks for positions [{pull.skip}, {pull.kv_len}) into "
+            f"{layout.slots} staging rows"
+        )
     return None
 
 

@@ -32,9 +32,11 @@ def require_secret(disagg: DisaggArgs) -> str:
     """The PD secret a disaggregated worker must have; a clear error when it has none."""
     secret = load_secret(disagg.secret_file)
     if secret is None:
-        raise ValueError(f"--disaggregation-mode {disagg.mode} needs the PD secret that sglang-router "
-                         f"(--api-key) and every worker share: --disaggregation-secret-file FILE or {SECRET_ENV} "
-                         "in the environment (see docs/security.md)")
+        raise ValueError(
+            f"--disaggregation-mode {disagg.mode} needs the PD secret that sglang-router "
+            f"(--api-key) and every worker share: --disaggregation-secret-file FILE or {SECRET_ENV} "
+            "in the environment (see docs/security.md)"
+        )
     return secret
 
 

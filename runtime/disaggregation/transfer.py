@@ -51,8 +51,9 @@ class NixlTransfer:
         try:
             from nixl._api import nixl_agent, nixl_agent_config
         except ImportError as exc:
-            raise RuntimeError("--disaggregation-transfer-backend nixl needs the nixl package: "
-                               "pip install 'arbor[pd]' (nixl 1.5)") from exc
+            raise RuntimeError(
+                "--disaggregation-transfer-backend nixl needs the nixl package: pip install 'arbor[pd]' (nixl 1.5)"
+            ) from exc
         devices = ucx_devices(host, device)
         if devices is not None:  # read by UCX when the agent starts
             os.environ["UCX_NET_DEVICES"] = devices
@@ -71,9 +72,11 @@ class NixlTransfer:
     def check_peer(self, peer: PoolLayout) -> str | None:
         """Why this pool cannot write into `peer`'s staging buffer, or None."""
         if len(peer.k_ptrs) != len(self.pool.k) or peer.slot_bytes != self.slot_bytes:
-            return (f"the decode worker's KV pool has {len(peer.k_ptrs)} layers of {peer.slot_bytes} bytes a token, "
-                    f"this prefill worker's {len(self.pool.k)} of {self.slot_bytes}: serve the same model with "
-                    "the same --kv-cache-dtype and --tp-size on both")
+            return (
+                f"the decode worker's KV pool has {len(peer.k_ptrs)} layers of {peer.slot_bytes} bytes a token, "
+                f"this prefill worker's {len(self.pool.k)} of {self.slot_bytes}: serve the same model with "
+                "the same --kv-cache-dtype and --tp-size on both"
+            )
         return None
 
     # --- decode side ---------------------------------------------------------------------------
@@ -82,12 +85,21 @@ class NixlTransfer:
         """A staging buffer for `rows` tokens, registered alone; its layout goes in the pull."""
         layers = len(self.pool.k)
         # Zeroed: a peer that reads its room's buffer must find nothing of this process's past in it.
-        buffer = torch.zeros((2, layers, max(rows, 1), self.slot_bytes), dtype=torch.uint8, device=self.pool.k[0].device)
+        buffer = torch.zeros(
+            (2, layers, max(rows, 1), self.slot_bytes), dtype=torch.uint8, device=self.pool.k[0].device
+        )
         registered = self.agent.register_memory([buffer])
         metadata = self.agent.get_partial_agent_metadata(registered, inc_conn_info=True, backends=["UCX"])
-        layout = PoolLayout(agent=self.name, metadata=metadata, k_ptrs=[buffer[0, i].data_ptr() for i in range(layers)],
-                            v_ptrs=[buffer[1, i].data_ptr() for i in range(layers)], slot_bytes=self.slot_bytes,
-                            slots=rows, mem_type=self.mem_type, device_id=self.device_id)
+        layout = PoolLayout(
+            agent=self.name,
+            metadata=metadata,
+            k_ptrs=[buffer[0, i].data_ptr() for i in range(layers)],
+            v_ptrs=[buffer[1, i].data_ptr() for i in range(layers)],
+            slot_bytes=self.slot_bytes,
+            slots=rows,
+            mem_type=self.mem_type,
+            device_id=self.device_id,
+        )
         return Staging(buffer, registered, layout)
 
     def unstage(self, staging: Staging, slots: torch.Tensor | None) -> None:
@@ -118,15 +130,19 @@ class NixlTransfer:
         local = [(base + int(a) * size, int(c) * size, self.device_id) for base in own for a, c in zip(s, n)]
         remote = [(base + int(b) * size, int(c) * size, peer.device_id) for base in theirs for b, c in zip(d, n)]
         handle = self.agent.initialize_xfer(
-            "WRITE", self.agent.get_xfer_descs(local, self.mem_type),
-            self.agent.get_xfer_descs(remote, peer.mem_type), peer.agent, notif)
+            "WRITE",
+            self.agent.get_xfer_descs(local, self.mem_type),
+            self.agent.get_xfer_descs(remote, peer.mem_type),
+            peer.agent,
+            notif,
+        )
         if self.agent.transfer(handle) == "ERR":
             self.agent.release_xfer_handle(handle)
             raise RuntimeError("NIXL refused to start the transfer")
         return handle, int(n.sum()) * size * len(own)
 
     def state(self, handle: Any) -> str:
-        """"DONE", "PROC" (in flight) or "ERR"."""
+        """ "DONE", "PROC" (in flight) or "ERR"."""
         return self.agent.check_xfer_state(handle)
 
     def release(self, handle: Any) -> None:
@@ -156,6 +172,8 @@ def make_transfer(backend: str, pool: KVPool, role: str, host: str, device: str 
     """The transfer engine `--disaggregation-transfer-backend` names."""
     if backend == "nixl":
         return NixlTransfer(pool, role, host, device)
-    raise RuntimeError(f"--disaggregation-transfer-backend {backend} is not implemented by Arbor (mooncake's "
-                       "transfer engine needs libibverbs and the CUDA runtime, which this build was not tested "
-                       "with); use nixl")
+    raise RuntimeError(
+        f"--disaggregation-transfer-backend {backend} is not implemented by Arbor (mooncake's "
+        "transfer engine needs libibverbs and the CUDA runtime, which this build was not tested "
+        "with); use nixl"
+    )

@@ -85,13 +85,22 @@ class IncrementalDetokenizer:
             hold = 0 if reason is not None else max([len(x) - 1 for x in opts.stop] + [opts.stop_regex_max_len - 1, 0])
             upto = max(s.sent, len(s.text) - hold)
             delta, s.sent = s.text[s.sent : upto], upto
-            texts.append(TextOut(
-                rid=out.rid, text=delta, output_ids=new_ids, finish_reason=reason,
-                prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-                cached_tokens=out.cached_tokens, spec_verify_ct=out.spec_verify_ct, logprobs=out.logprobs,
-                top_logprobs=out.top_logprobs,
-                input_logprobs=out.input_logprobs, input_top_logprobs=out.input_top_logprobs,
-            ))
+            texts.append(
+                TextOut(
+                    rid=out.rid,
+                    text=delta,
+                    output_ids=new_ids,
+                    finish_reason=reason,
+                    prompt_tokens=out.prompt_tokens,
+                    completion_tokens=out.completion_tokens,
+                    cached_tokens=out.cached_tokens,
+                    spec_verify_ct=out.spec_verify_ct,
+                    logprobs=out.logprobs,
+                    top_logprobs=out.top_logprobs,
+                    input_logprobs=out.input_logprobs,
+                    input_top_logprobs=out.input_top_logprobs,
+                )
+            )
             if reason is not None:
                 del self.streams[out.rid]
         return texts, stopped
@@ -103,8 +112,11 @@ class IncrementalDetokenizer:
 
     def _decode(self, s: _Stream, opts: OutputOptions, reason: FinishReason | None) -> None:
         def decode(ids: list[int]) -> str:
-            return self.tokenizer.decode(ids, skip_special_tokens=opts.skip_special_tokens,
-                                         spaces_between_special_tokens=opts.spaces_between_special_tokens)
+            return self.tokenizer.decode(
+                ids,
+                skip_special_tokens=opts.skip_special_tokens,
+                spaces_between_special_tokens=opts.spaces_between_special_tokens,
+            )
 
         if reason is not None:
             ids = s.ids

@@ -57,8 +57,10 @@ def split_batch(text: Any, input_ids: Any, sampling_params: Any, **options: Any)
     if not texts:
         raise ValueError("the batch is empty; give at least one prompt")
     count = len(texts)
-    per = {name: _per_prompt(name, value, count, single) for name, value in
-           {"sampling_params": sampling_params, **options}.items()}
+    per = {
+        name: _per_prompt(name, value, count, single)
+        for name, value in {"sampling_params": sampling_params, **options}.items()
+    }
     inputs = []
     for k in range(count):
         fields = {name: values[k] for name, values in per.items() if values[k] is not None}
@@ -83,8 +85,10 @@ def bootstrap_of(host: Any, port: Any, room: Any) -> Bootstrap | list[Bootstrap]
     if all(v is None for v in values):
         return None
     if any(v is None for v in values):
-        raise ValueError("bootstrap_host, bootstrap_port and bootstrap_room come together (sglang-router "
-                         "--pd-disaggregation sends all three); give all or none")
+        raise ValueError(
+            "bootstrap_host, bootstrap_port and bootstrap_room come together (sglang-router "
+            "--pd-disaggregation sends all three); give all or none"
+        )
     count = max((len(v) for v in values if isinstance(v, list)), default=0)
     if not count:
         return _bootstrap(host, port, room)
@@ -113,5 +117,10 @@ def _is_host(host: str) -> bool:
         pass
     labels = host.split(".")
     return len(host) <= 253 and all(
-        0 < len(label) <= 63 and label.isascii() and label.replace("-", "").isalnum()
-        and not label.startswith("-") and not label.endswith("-") for label in labels)
+        0 < len(label) <= 63
+        and label.isascii()
+        and label.replace("-", "").isalnum()
+        and not label.startswith("-")
+        and not label.endswith("-")
+        for label in labels
+    )

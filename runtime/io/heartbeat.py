@@ -39,8 +39,10 @@ class HeartbeatBoard:
             (stamp,) = _SLOT.unpack_from(self._map, i * _SLOT.size)
             age = (now - stamp) / 1e9
             if stamp and age > timeout_s:
-                return (f"the {role} process has made no progress for {age:.0f} s "
-                        f"(--health-heartbeat-timeout-s is {timeout_s:g})")
+                return (
+                    f"the {role} process has made no progress for {age:.0f} s "
+                    f"(--health-heartbeat-timeout-s is {timeout_s:g})"
+                )
         return None
 
     def close(self) -> None:

@@ -78,6 +78,9 @@ class StreamShaper:
             entries += meta.output_token_logprobs
             top = self._top.setdefault(i, [])
             top += meta.output_top_logprobs or []
-            meta = msgspec.structs.replace(meta, output_token_logprobs=entries,
-                                           output_top_logprobs=top if meta.output_top_logprobs is not None else None)
+            meta = msgspec.structs.replace(
+                meta,
+                output_token_logprobs=entries,
+                output_top_logprobs=top if meta.output_top_logprobs is not None else None,
+            )
         return msgspec.structs.replace(out, meta_info=meta).to_json()

@@ -50,10 +50,14 @@ class ChildProcesses:
         self.heartbeats = HeartbeatBoard(self.ipc.path / "heartbeat")
         # The children never see the API key, and get their spec on stdin, not in argv
         # (which every local user can read in the process list).
-        self.spec = ChildSpec(args=args.with_flags(api_key=None, api_key_file=None, admin_api_key_file=None),
-                              model_path=model_path, tokenizer_path=tokenizer_path, endpoints=self.endpoints,
-                              tp_port=free_port() if args.parallel.tp_size > 1 else 0,
-                              heartbeat=str(self.heartbeats.path))
+        self.spec = ChildSpec(
+            args=args.with_flags(api_key=None, api_key_file=None, admin_api_key_file=None),
+            model_path=model_path,
+            tokenizer_path=tokenizer_path,
+            endpoints=self.endpoints,
+            tp_port=free_port() if args.parallel.tp_size > 1 else 0,
+            heartbeat=str(self.heartbeats.path),
+        )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> None:
@@ -119,8 +123,14 @@ def _main(role: str, raw: bytes) -> None:
     if role == "scheduler":
         from arbor.runtime.scheduler.process import run_scheduler
 
-        run_scheduler(spec.args, spec.model_path, spec.tokenizer_path, spec.endpoints, Heartbeat(spec.heartbeat, role),
-                      spec.tp_port)
+        run_scheduler(
+            spec.args,
+            spec.model_path,
+            spec.tokenizer_path,
+            spec.endpoints,
+            Heartbeat(spec.heartbeat, role),
+            spec.tp_port,
+        )
     elif role == "tp_worker":
         from arbor.runtime.scheduler.tensor_parallel import run_follower
 

@@ -115,8 +115,9 @@ class Prepared:
 class TokenizerManager:
     """Owns the front socket pair; one instance per runtime, used from one event loop."""
 
-    def __init__(self, http: HttpArgs, grammar: GrammarArgs, disagg: DisaggArgs, tokenizer: Any,
-                 children: ChildProcesses) -> None:
+    def __init__(
+        self, http: HttpArgs, grammar: GrammarArgs, disagg: DisaggArgs, tokenizer: Any, children: ChildProcesses
+    ) -> None:
         self.http = http
         self.grammar_backend = grammar.backend
         self.pd_mode = disagg.mode
@@ -148,8 +149,9 @@ class TokenizerManager:
                 if (problem := self.children.dead()) is not None:
                     raise EngineDead(f"{problem} during start-up; its log is above") from None
                 if loop.time() > deadline:
-                    raise EngineDead(f"start-up took over {timeout_s:.0f} s; waiting for "
-                                     f"{set(CHILDREN) - set(ready)}") from None
+                    raise EngineDead(
+                        f"start-up took over {timeout_s:.0f} s; waiting for {set(CHILDREN) - set(ready)}"
+                    ) from None
                 continue
             if isinstance(msg, ProcessError):
                 raise EngineDead(f"the {msg.process} process failed to start: {msg.message}")
@@ -176,9 +178,11 @@ class TokenizerManager:
         """Validate and tokenize one prompt; raises ValueError naming what to change."""
         self._check_alive()
         if self.pd_mode == "decode" and req.bootstrap is None:
-            raise ValueError("this is a decode worker (--disaggregation-mode decode): send requests through "
-                             "sglang-router --pd-disaggregation, which adds bootstrap_host, bootstrap_port and "
-                             "bootstrap_room")
+            raise ValueError(
+                "this is a decode worker (--disaggregation-mode decode): send requests through "
+                "sglang-router --pd-disaggregation, which adds bootstrap_host, bootstrap_port and "
+                "bootstrap_room"
+            )
         ids = self._tokenize(req)
         raw = req.sampling_params
         if raw is not None and not isinstance(raw, dict):
@@ -194,9 +198,17 @@ class TokenizerManager:
         if (req.owner, label) in self._labels:
             raise ValueError(f"request id {label!r} is already in use; give a unique rid")
         msg = TokenizedGenerateReq(
-            rid=rid, input_ids=pack_ids(ids), sampling=params, n=n, stream=req.stream,
-            return_logprob=req.return_logprob, logprob_start_len=start, top_logprobs_num=req.top_logprobs_num,
-            cache_salt=req.cache_salt, output=output, constraint=constraint,
+            rid=rid,
+            input_ids=pack_ids(ids),
+            sampling=params,
+            n=n,
+            stream=req.stream,
+            return_logprob=req.return_logprob,
+            logprob_start_len=start,
+            top_logprobs_num=req.top_logprobs_num,
+            cache_salt=req.cache_salt,
+            output=output,
+            constraint=constraint,
             reasoning=self._reasoning_markers() if req.require_reasoning and constraint is not None else None,
             bootstrap=req.bootstrap if self.pd_mode != "null" else None,
         )
@@ -209,8 +221,10 @@ class TokenizerManager:
         """The token ids of --reasoning-parser's <think> and </think>, for require_reasoning."""
         parser = self.http.reasoning_parser
         if parser is None:
-            raise ValueError("require_reasoning needs a server started with --reasoning-parser (qwen3 or "
-                             "deepseek-r1); without one, leave it false")
+            raise ValueError(
+                "require_reasoning needs a server started with --reasoning-parser (qwen3 or "
+                "deepseek-r1); without one, leave it false"
+            )
         ids = [self.tokenizer.encode(mark, add_special_tokens=False) for mark in (THINK_START, THINK_END)]
         return ReasoningMarkers(start_ids=ids[0], end_ids=ids[1], opens_inside=parser == "deepseek-r1")
 
@@ -281,8 +295,9 @@ class TokenizerManager:
         """Abort the running request that `owner` labelled `rid` (`any_owner`: whoever sent it);
         whether one was found. Other tenants' requests are out of reach."""
         self._check_alive()
-        found = [internal for (who, label), internal in self._labels.items()
-                 if label == rid and (any_owner or who == owner)]
+        found = [
+            internal for (who, label), internal in self._labels.items() if label == rid and (any_owner or who == owner)
+        ]
         for internal in found:
             await self.to_scheduler.send(AbortReq(rid=internal))
         return bool(found)
@@ -311,8 +326,10 @@ class TokenizerManager:
                 raise ValueError(f"text must be a string, got {type(req.text).__name__}")
             most = self.info["context_length"] * self.max_token_chars
             if len(req.text) > most:  # surely over the context: refuse before tokenizing
-                raise ValueError(f"text has {len(req.text)} characters, more than {most}, which cannot fit the "
-                                 f"context length of {self.info['context_length']} tokens; shorten the prompt")
+                raise ValueError(
+                    f"text has {len(req.text)} characters, more than {most}, which cannot fit the "
+                    f"context length of {self.info['context_length']} tokens; shorten the prompt"
+                )
             ids = self.tokenizer.encode(req.text)
         else:
             ids = req.input_ids
@@ -335,15 +352,22 @@ class TokenizerManager:
     def _output_options(self, raw: dict[str, Any]) -> tuple[OutputOptions, int, int]:
         """Take the output keys out of a sampling-params dict: (options, n, stream_interval)."""
         flags = {}
-        for name, default in (("no_stop_trim", False), ("skip_special_tokens", True),
-                              ("spaces_between_special_tokens", True)):
+        for name, default in (
+            ("no_stop_trim", False),
+            ("skip_special_tokens", True),
+            ("spaces_between_special_tokens", True),
+        ):
             value = raw.pop(name, None)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false, got {value!r}")
             flags[name] = default if value is None else value
         patterns = _stop_regexes(raw.pop("stop_regex", None))
-        output = OutputOptions(stop=_stop_strings(raw.pop("stop", None), "stop"), stop_regex=patterns,
-                               stop_regex_max_len=max(map(_match_width, patterns), default=0), **flags)
+        output = OutputOptions(
+            stop=_stop_strings(raw.pop("stop", None), "stop"),
+            stop_regex=patterns,
+            stop_regex_max_len=max(map(_match_width, patterns), default=0),
+            **flags,
+        )
         n = _bounded_int(raw.pop("n", None), "n", 1, 1, self.http.max_n)
         interval = _bounded_int(raw.pop("stream_interval", None), "stream_interval", 1, 1, 1 << 20)
         return output, n, interval
@@ -362,13 +386,17 @@ class TokenizerManager:
         if not isinstance(asked, int) or isinstance(asked, bool) or asked < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {asked!r}")
         if asked > context:
-            raise ValueError(f"max_new_tokens is {asked} but the context length is {context}; "
-                             f"ask for at most {context}, or leave it out to run until the context is full")
+            raise ValueError(
+                f"max_new_tokens is {asked} but the context length is {context}; "
+                f"ask for at most {context}, or leave it out to run until the context is full"
+            )
         params.max_new_tokens = min(asked, context - len(ids))  # ends with "length" at the context limit
         need = len(ids) + params.max_new_tokens
         if need > total:
-            raise ValueError(f"request needs {need} KV slots (prompt + max_new_tokens) but the cache holds "
-                             f"{total}; lower max_new_tokens or raise max_total_tokens")
+            raise ValueError(
+                f"request needs {need} KV slots (prompt + max_new_tokens) but the cache holds "
+                f"{total}; lower max_new_tokens or raise max_total_tokens"
+            )
         return params
 
     def _check_alive(self) -> None:
@@ -422,8 +450,13 @@ class TokenizerManager:
         assert last is not None
         msg = prepared.msg
         label = prepared.label if msg.n == 1 else f"{prepared.label}-{s.index}"
-        meta = MetaInfo(id=label, finish_reason=last.finish_reason, prompt_tokens=last.prompt_tokens,
-                        completion_tokens=len(s.output_ids), cached_tokens=last.cached_tokens)
+        meta = MetaInfo(
+            id=label,
+            finish_reason=last.finish_reason,
+            prompt_tokens=last.prompt_tokens,
+            completion_tokens=len(s.output_ids),
+            cached_tokens=last.cached_tokens,
+        )
         if last.spec_verify_ct:
             meta.spec_verify_ct = last.spec_verify_ct
             meta.spec_accept_len = round(len(s.output_ids) / last.spec_verify_ct, 3)
@@ -441,7 +474,7 @@ class TokenizerManager:
             elif last.finish_reason is not None:
                 first = msg.logprob_start_len
                 head = [entry(None, prepared.ids[0])] if first == 0 else []
-                targets = prepared.ids[max(first, 1):]
+                targets = prepared.ids[max(first, 1) :]
                 meta.input_token_logprobs = head + [entry(lp, t) for lp, t in zip(s.input_logprobs, targets)]
                 if msg.top_logprobs_num:
                     rows = [[entry(lp, t) for lp, t in row] for row in s.input_top_logprobs]
@@ -450,10 +483,12 @@ class TokenizerManager:
         if prepared.unenforced and last.finish_reason is not None:
             meta.schema_check = check = check_output(prepared.msg.constraint, s.text, prepared.unenforced)
             if not check["valid"] and isinstance(last.finish_reason, FinishStop):
-                meta.finish_reason = FinishInvalid(message=f"the output does not satisfy the schema "
-                                                           f"(checked after generation): {check['error']}")
-        return GenerateOutput(text=s.text, output_ids=list(s.output_ids), meta_info=meta,
-                              index=s.index if msg.n > 1 else None)
+                meta.finish_reason = FinishInvalid(
+                    message=f"the output does not satisfy the schema (checked after generation): {check['error']}"
+                )
+        return GenerateOutput(
+            text=s.text, output_ids=list(s.output_ids), meta_info=meta, index=s.index if msg.n > 1 else None
+        )
 
     def _logprob_entry(self, lp: float | None, token: int) -> LogprobEntry:
         return LogprobEntry(lp, token, self.tokenizer.decode([token]))

@@ -163,7 +163,9 @@ class KVManager:
         private = sum(r.mapped_len - r.tree_len for r in self.attached)
         total = self.allocator.total_slots
         if free + evictable + protected + private != total:
-            return (f"KV slot leak: free {free} + evictable {evictable} + protected {protected} "
-                    f"+ private {private} = {free + evictable + protected + private} != total {total}")
+            return (
+                f"KV slot leak: free {free} + evictable {evictable} + protected {protected} "
+                f"+ private {private} = {free + evictable + protected + private} != total {total}"
+            )
         self.cache.check_integrity()
         return None

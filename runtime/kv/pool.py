@@ -17,8 +17,13 @@ class KVPool:
     """Per layer, K and V buffers of shape [num_slots, num_kv_heads, head_dim]."""
 
     def __init__(
-        self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int,
-        dtype: torch.dtype, device: torch.device,
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
         shape = (num_slots, num_kv_heads, head_dim)
         self.num_slots = num_slots
@@ -82,8 +87,8 @@ class PageAllocator:
         """Take `num_pages` pages, or None (taking nothing) if fewer are free."""
         if num_pages > len(self._free):
             return None
-        taken = self._free[len(self._free) - num_pages:]
-        del self._free[len(self._free) - num_pages:]
+        taken = self._free[len(self._free) - num_pages :]
+        del self._free[len(self._free) - num_pages :]
         return taken[::-1]  # in pop order: a fresh pool hands out ascending, consecutive pages
 
     def free_slots(self, slots: torch.Tensor) -> None:
@@ -116,8 +121,11 @@ class ReqToTokenPool:
 
 
 def reserve_positions(
-    req_to_token: ReqToTokenPool, allocator: PageAllocator,
-    rows: list[int], starts: list[int], ends: list[int],
+    req_to_token: ReqToTokenPool,
+    allocator: PageAllocator,
+    rows: list[int],
+    starts: list[int],
+    ends: list[int],
 ) -> torch.Tensor | None:
     """Give positions [start, end) of each row a KV slot, allocating pages as needed.
 

@@ -81,8 +81,11 @@ class CausalLM(nn.Module, ABC):
             except CheckpointError as e:
                 raise CheckpointError(f"checkpoint tensor {hf_name!r}: {e}") from None
             loaded[layer].add((param, shard_id))
-        missing = [f"{names[layer]}.{param}" for layer, got in loaded.items()
-                   for param, _ in sorted(layer.expected_weights() - got, key=str)]
+        missing = [
+            f"{names[layer]}.{param}"
+            for layer, got in loaded.items()
+            for param, _ in sorted(layer.expected_weights() - got, key=str)
+        ]
         if missing:
             raise CheckpointError(f"checkpoint lacks weights for {', '.join(list(dict.fromkeys(missing))[:5])}")
         for layer, name in names.items():
@@ -101,8 +104,10 @@ class CausalLM(nn.Module, ABC):
             raise TypeError(f"{name} is a {type(layer).__name__}, not a linear layer")
         prefix, _, leaf = name.rpartition(".")
         unfused = {target: part for part, target in self.packed_modules_mapping.items()}
-        return [(self._checkpoint_name(prefix, unfused.get((leaf, shard_id), leaf)), lo, rows)
-                for shard_id, lo, rows in layer.output_shards()]
+        return [
+            (self._checkpoint_name(prefix, unfused.get((leaf, shard_id), leaf)), lo, rows)
+            for shard_id, lo, rows in layer.output_shards()
+        ]
 
     def weight_layers(self) -> dict[str, WeightLayer]:
         """Every WeightLayer under every name it is reachable by (a tied head's embedding
@@ -112,8 +117,10 @@ class CausalLM(nn.Module, ABC):
             if isinstance(module, WeightLayer):
                 layers[name] = module
             elif next(module.parameters(recurse=False), None) is not None:
-                raise TypeError(f"{type(self).__name__}.{name}: parameters outside a WeightLayer "
-                                f"({type(module).__name__}) cannot be loaded")
+                raise TypeError(
+                    f"{type(self).__name__}.{name}: parameters outside a WeightLayer "
+                    f"({type(module).__name__}) cannot be loaded"
+                )
         return layers
 
     def _layer(self, name: str) -> WeightLayer | None:

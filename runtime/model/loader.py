@@ -14,8 +14,9 @@ from arbor.runtime.model.registry import model_class
 from arbor.runtime.model.weights import open_weights
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel = SINGLE,
-               load_format: str = "auto") -> tuple[CausalLM, ModelConfig]:
+def load_model(
+    path: str | Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel = SINGLE, load_format: str = "auto"
+) -> tuple[CausalLM, ModelConfig]:
     """Build the model for `path/config.json` (this rank's share of it under tensor
     parallelism) and fill it from its weights in `load_format`, reading only that share."""
     cfg = ModelConfig.from_dir(path)

@@ -53,8 +53,7 @@ class ModelConfig:
         arch = (raw.get("architectures") or [None])[0]
         if arch not in ARCHITECTURES:
             raise CheckpointError(
-                f"{path}: unsupported architecture {arch!r}; Arbor serves "
-                f"{', '.join(sorted(ARCHITECTURES))}"
+                f"{path}: unsupported architecture {arch!r}; Arbor serves {', '.join(sorted(ARCHITECTURES))}"
             )
         act = raw.get("hidden_act", "silu")
         if act not in ACTIVATIONS:

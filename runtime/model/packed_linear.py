@@ -45,8 +45,12 @@ def pack_linears(model: nn.Module) -> int:
     layers = [m for m in model.modules() if isinstance(m, (ParallelLinear, TiedLMHead))]
     for layer in layers:
         layer.pack()
-    swaps = [(parent, name, child) for parent in model.modules()
-             for name, child in parent.named_children() if isinstance(child, nn.Linear)]
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child.weight, child.bias))
     return len(layers) + len(swaps)

@@ -33,9 +33,11 @@ class TensorParallel:
         """Refuse shapes that do not split evenly across the ranks."""
         n = self.size
         if num_heads % n or intermediate % n or (num_kv_heads % n and n % num_kv_heads):
-            raise CheckpointError(f"--tp-size {n} must divide the {num_heads} attention heads and the "
-                                  f"{intermediate} MLP columns, and divide or be a multiple of the "
-                                  f"{num_kv_heads} KV heads")
+            raise CheckpointError(
+                f"--tp-size {n} must divide the {num_heads} attention heads and the "
+                f"{intermediate} MLP columns, and divide or be a multiple of the "
+                f"{num_kv_heads} KV heads"
+            )
 
     def kv_heads(self, total: int) -> int:
         """KV heads this rank holds."""

@@ -24,9 +24,7 @@ def ragged_arange(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return torch.arange(total, device=lengths.device) + base.repeat_interleave(lengths, output_size=total)
 
 
-def ragged_cells(
-    rows: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def ragged_cells(rows: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, column) of every cell table[rows[i], starts[i] : starts[i] + lengths[i]], in order."""
     cols = ragged_arange(starts, lengths)
     return rows.repeat_interleave(lengths, output_size=cols.numel()), cols

@@ -58,9 +58,16 @@ def _cpu_has_fast_bf16() -> bool:
 class ModelRunner:
     """Loads the checkpoint, sizes and allocates the KV cache, and runs forward passes."""
 
-    def __init__(self, model: ModelArgs, cache: CacheArgs, max_running_requests: int, model_path: str,
-                 hot_tokens: torch.Tensor | None = None, tp: TensorParallel = SINGLE,
-                 num_slots: int | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelArgs,
+        cache: CacheArgs,
+        max_running_requests: int,
+        model_path: str,
+        hot_tokens: torch.Tensor | None = None,
+        tp: TensorParallel = SINGLE,
+        num_slots: int | None = None,
+    ) -> None:
         """`model_path`: the checkpoint (`model.path` resolved); `max_running_requests` rows in
         the request-to-slot table. `hot_tokens`: compute logits for these token ids only (a
         draft's FrequentTokenHead; `columns` then names each logits column's token). Under
@@ -83,9 +90,7 @@ class ModelRunner:
         self.kv_pool = KVPool(num_slots, cfg.num_layers, kv_heads, cfg.head_dim, self.kv_dtype, self.device)
         self.allocator = PageAllocator(num_slots, ps)
         self.req_to_token = ReqToTokenPool(max_running_requests, table_width, self.device, ps)
-        self.attn_backend = create_backend(
-            model.attention_backend, self.kv_pool, self.req_to_token, cfg.head_dim**-0.5
-        )
+        self.attn_backend = create_backend(model.attention_backend, self.kv_pool, self.req_to_token, cfg.head_dim**-0.5)
         if resolve_backend(model.attention_backend, self.device.type) == "triton":
             use_triton_kernels(self.model)
         elif self.device.type == "cpu":
@@ -94,8 +99,13 @@ class ModelRunner:
             pack_linears(self.model)
         logger.info(
             "loaded %s (%s, %s) on %s: KV cache %d tokens (%s, %.1f MiB), context %d",
-            model_path, cfg.architecture, str(self.dtype).removeprefix("torch."), self.device,
-            self.allocator.total_slots, str(self.kv_dtype).removeprefix("torch."), self.kv_pool.nbytes() / 2**20,
+            model_path,
+            cfg.architecture,
+            str(self.dtype).removeprefix("torch."),
+            self.device,
+            self.allocator.total_slots,
+            str(self.kv_dtype).removeprefix("torch."),
+            self.kv_pool.nbytes() / 2**20,
             self.context_len,
         )
 

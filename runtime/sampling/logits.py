@@ -11,8 +11,13 @@ from arbor.runtime.scheduler.grammar_manager import GrammarManager
 from arbor.runtime.scheduler.req import Req
 
 
-def prepare_logits(reqs: list[Req], logits: torch.Tensor, eos_ids: list[int], grammar: GrammarManager | None,
-                   ahead: list[list[int]] | None = None) -> tuple[torch.Tensor, SamplingBatch]:
+def prepare_logits(
+    reqs: list[Req],
+    logits: torch.Tensor,
+    eos_ids: list[int],
+    grammar: GrammarManager | None,
+    ahead: list[list[int]] | None = None,
+) -> tuple[torch.Tensor, SamplingBatch]:
     """Apply penalties, min-token stop blocking and grammar masks to each row, and build its
     sampling parameters. Row i belongs to reqs[i] as if `ahead[i]` (guesses still being
     verified) had already been generated. The logits may be edited in place."""
@@ -25,8 +30,11 @@ def prepare_logits(reqs: list[Req], logits: torch.Tensor, eos_ids: list[int], gr
         apply_penalties(logits, params, outputs)
     # Before min_new_tokens, no token that would stop the request may be picked (EOS does
     # not stop an ignore_eos request, so it stays allowed there, as in vLLM).
-    early = [(i, r.params.stop_token_ids + ([] if r.params.ignore_eos else eos_ids))
-             for i, (r, out) in enumerate(zip(reqs, outputs)) if len(out) < r.params.min_new_tokens]
+    early = [
+        (i, r.params.stop_token_ids + ([] if r.params.ignore_eos else eos_ids))
+        for i, (r, out) in enumerate(zip(reqs, outputs))
+        if len(out) < r.params.min_new_tokens
+    ]
     if early:
         block_stop_tokens(logits, [i for i, _ in early], [ids for _, ids in early])
     if grammar is not None:
@@ -35,8 +43,9 @@ def prepare_logits(reqs: list[Req], logits: torch.Tensor, eos_ids: list[int], gr
     return logits, sampling
 
 
-def token_logprobs(reqs: list[Req], logits: torch.Tensor, rows: list[int], tokens: list[int]
-                   ) -> tuple[list[float], list[list]] | None:
+def token_logprobs(
+    reqs: list[Req], logits: torch.Tensor, rows: list[int], tokens: list[int]
+) -> tuple[list[float], list[list]] | None:
     """Logprob of tokens[i] at logits row rows[i], and the top alternatives there (as many as
     any request asks), batched; None if no request returns logprobs."""
     if not any(r.return_logprob for r in reqs):

@@ -31,26 +31,40 @@ class SamplingParams:
     budget_aware: bool | None = None  # close a constrained output before the budget ends (None: on for JSON)
 
     def __post_init__(self) -> None:
-        _check(_is_int(self.max_new_tokens, 0), f"max_new_tokens must be an integer >= 0, got {_r(self.max_new_tokens)}")
-        _check(_is_number(self.temperature) and self.temperature >= 0,
-               f"temperature must be a finite number >= 0 (0 = greedy), got {_r(self.temperature)}")
+        _check(
+            _is_int(self.max_new_tokens, 0), f"max_new_tokens must be an integer >= 0, got {_r(self.max_new_tokens)}"
+        )
+        _check(
+            _is_number(self.temperature) and self.temperature >= 0,
+            f"temperature must be a finite number >= 0 (0 = greedy), got {_r(self.temperature)}",
+        )
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {_r(self.top_p)}")
         _check(_is_int(self.top_k, -INT64), f"top_k must be an integer (<= 0 disables), got {_r(self.top_k)}")
         _check(_is_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {_r(self.min_p)}")
-        _check(_is_int(self.min_new_tokens, 0), f"min_new_tokens must be an integer >= 0, got {_r(self.min_new_tokens)}")
+        _check(
+            _is_int(self.min_new_tokens, 0), f"min_new_tokens must be an integer >= 0, got {_r(self.min_new_tokens)}"
+        )
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             _check(_is_number(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {_r(value)}")
-        _check(_is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
-               f"repetition_penalty must be in (0, 2] (1 = off), got {_r(self.repetition_penalty)}")
+        _check(
+            _is_number(self.repetition_penalty) and 0 < self.repetition_penalty <= 2,
+            f"repetition_penalty must be in (0, 2] (1 = off), got {_r(self.repetition_penalty)}",
+        )
         _check(self.seed is None or _is_int(self.seed, -INT64), f"seed must be a 64-bit integer, got {_r(self.seed)}")
         _check(isinstance(self.ignore_eos, bool), f"ignore_eos must be true or false, got {_r(self.ignore_eos)}")
-        _check(self.budget_aware is None or isinstance(self.budget_aware, bool),
-               f"budget_aware must be true, false or null (on for JSON), got {_r(self.budget_aware)}")
-        _check(isinstance(self.stop_token_ids, list) and all(_is_int(t, 0) for t in self.stop_token_ids),
-               "stop_token_ids must be a list of token ids (integers >= 0)")
-        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
-               f"stop_token_ids allows at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
+        _check(
+            self.budget_aware is None or isinstance(self.budget_aware, bool),
+            f"budget_aware must be true, false or null (on for JSON), got {_r(self.budget_aware)}",
+        )
+        _check(
+            isinstance(self.stop_token_ids, list) and all(_is_int(t, 0) for t in self.stop_token_ids),
+            "stop_token_ids must be a list of token ids (integers >= 0)",
+        )
+        _check(
+            len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+            f"stop_token_ids allows at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}",
+        )
         if self.temperature < GREEDY_BELOW:  # as SGLang: a tiny temperature is greedy, not a division blow-up
             self.temperature = 0.0
 
@@ -80,25 +94,51 @@ class SamplingParams:
             params.setdefault("seed", params.pop("sampling_seed"))
         for name, default in DEFAULT_ONLY.items():
             value = params.pop(name, default)
-            _check(value == default, f"sampling parameter {name} is not supported by Arbor (got {_r(value)}); "
-                                     f"omit it or send its default {_r(default)}")
+            _check(
+                value == default,
+                f"sampling parameter {name} is not supported by Arbor (got {_r(value)}); "
+                f"omit it or send its default {_r(default)}",
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(params) - known)
-        _check(not unknown, f"unknown sampling parameter(s) {', '.join(unknown)}; "
-                            f"supported: {', '.join(sorted(known | FRONT_DOOR_KEYS))}")
+        _check(
+            not unknown,
+            f"unknown sampling parameter(s) {', '.join(unknown)}; "
+            f"supported: {', '.join(sorted(known | FRONT_DOOR_KEYS))}",
+        )
         return cls(**params)
 
 
 # SGLang SamplingParams fields Arbor does not implement: accepted only at their defaults.
 DEFAULT_ONLY: dict[str, Any] = {
-    "beam_width": None, "logit_bias": None, "custom_params": None,
-    "watermark": None, "stop_strs": None, "stop_regex_strs": None, "stop_str_max_len": 0,
-    "stop_regex_max_len": 0, "is_normalized": False, "ebnf_full_assistant": False,
+    "beam_width": None,
+    "logit_bias": None,
+    "custom_params": None,
+    "watermark": None,
+    "stop_strs": None,
+    "stop_regex_strs": None,
+    "stop_str_max_len": 0,
+    "stop_regex_max_len": 0,
+    "is_normalized": False,
+    "ebnf_full_assistant": False,
 }
 # Keys the front door takes out before `from_dict`: output options, n, constraints.
-FRONT_DOOR_KEYS = {"stop", "stop_regex", "no_stop_trim", "skip_special_tokens", "spaces_between_special_tokens",
-                   "stream_interval", "n", "regex", "json_schema", "choices", "json_object", "ebnf", "structural_tag",
-                   "sampling_seed"}
+FRONT_DOOR_KEYS = {
+    "stop",
+    "stop_regex",
+    "no_stop_trim",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "stream_interval",
+    "n",
+    "regex",
+    "json_schema",
+    "choices",
+    "json_object",
+    "ebnf",
+    "structural_tag",
+    "sampling_seed",
+}
 
 
 def _is_number(x: Any) -> bool:

@@ -9,9 +9,7 @@ import torch
 from arbor.runtime.sampling.params import SamplingParams
 
 
-def apply_penalties(
-    logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]]
-) -> None:
+def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], outputs: Sequence[Sequence[int]]) -> None:
     """In place, per row: OpenAI frequency/presence penalties and the CTRL repetition
     penalty over the tokens generated so far."""
     for row, (p, out) in enumerate(zip(params, outputs)):

@@ -52,8 +52,7 @@ class SamplingBatch:
             steps=list(steps),
             all_greedy=all(greedy),
             needs_filter=any(
-                not g and (k < vocab or p.top_p < 1 or p.min_p > 0)
-                for p, g, k in zip(params, greedy, top_k)
+                not g and (k < vocab or p.top_p < 1 or p.min_p > 0) for p, g, k in zip(params, greedy, top_k)
             ),
         )
 

@@ -34,9 +34,15 @@ class GrammarManager:
     def __init__(self, grammar: GrammarArgs, tokenizer_path: str, eos_ids: list[int], logits_size: int) -> None:
         self.jump_forward = not grammar.disable_jump_forward
         self.max_mask_s = grammar.max_mask_ms / 1e3
-        self.config = CompilerConfig(backend=grammar.backend, workers=grammar.workers, timeout_s=grammar.compile_timeout_s,
-                                     memory_mb=grammar.max_memory_mb, cache_mb=grammar.cache_mb,
-                                     cache_dir=grammar.cache_dir, max_pending=grammar.max_pending)
+        self.config = CompilerConfig(
+            backend=grammar.backend,
+            workers=grammar.workers,
+            timeout_s=grammar.compile_timeout_s,
+            memory_mb=grammar.max_memory_mb,
+            cache_mb=grammar.cache_mb,
+            cache_dir=grammar.cache_dir,
+            max_pending=grammar.max_pending,
+        )
         self._setup_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-setup")
         self._setup: Future[None] = self._setup_pool.submit(self._build, tokenizer_path, eos_ids, logits_size)
         self.compiler: GrammarCompiler | None = None
@@ -46,8 +52,9 @@ class GrammarManager:
         tokenizer = load_tokenizer(tokenizer_path)
         vocab = TokenVocabulary.from_tokenizer(tokenizer, eos_ids, logits_size)
         self.retokenizer = Retokenizer(tokenizer, vocab)
-        self.compiler = GrammarCompiler(vocab, self.config,
-                                        encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
+        self.compiler = GrammarCompiler(
+            vocab, self.config, encode=lambda text: tokenizer.encode(text, add_special_tokens=False)
+        )
 
     def submit(self, constraint: Constraint) -> Future[CompiledConstraint]:
         """A Future of the compiled grammar (exception: a message for the user)."""
@@ -138,10 +145,14 @@ class GrammarManager:
         matcher = req.matcher
         assert matcher is not None  # only a constrained request advances a grammar
         if req.grammar_too_slow:
-            return FinishAbort(status_code=400, message=(
-                f"the grammar took longer than {self.max_mask_s * 1e3:g} ms to write one step's token mask (an "
-                "ambiguous grammar grows slower with the output); make it unambiguous, use --grammar-backend "
-                "llguidance, or raise --grammar-max-mask-ms"))
+            return FinishAbort(
+                status_code=400,
+                message=(
+                    f"the grammar took longer than {self.max_mask_s * 1e3:g} ms to write one step's token mask (an "
+                    "ambiguous grammar grows slower with the output); make it unambiguous, use --grammar-backend "
+                    "llguidance, or raise --grammar-max-mask-ms"
+                ),
+            )
         if not matcher.accept_token(token):
             return FinishAbort(status_code=500, message=f"token {token} is not allowed by the grammar")
         if not self.jump_forward or matcher.is_terminated() or matcher.closing(req.remaining_new_tokens):
@@ -177,8 +188,13 @@ class GrammarManager:
         assert self.retokenizer is not None
         return self.retokenizer.encode(prefix + forced)[:room]
 
-    def _append_forced(self, req: Req, tokens: list[int], first_logprob: float | None = None,
-                       first_top: list[tuple[float, int]] | None = None) -> None:
+    def _append_forced(
+        self,
+        req: Req,
+        tokens: list[int],
+        first_logprob: float | None = None,
+        first_top: list[tuple[float, int]] | None = None,
+    ) -> None:
         """Append forced tokens; their logprob is 0 (probability 1 under the grammar)."""
         for i, tok in enumerate(tokens):
             req.output_ids.append(tok)

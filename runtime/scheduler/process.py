@@ -40,8 +40,14 @@ IDLE_POLL_MS = 1000
 GRAMMAR_POLL_MS = 2
 
 
-def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoints: dict[str, str],
-                  heartbeat: Heartbeat, tp_port: int = 0) -> None:
+def run_scheduler(
+    args: ServerArgs,
+    model_path: str,
+    tokenizer_path: str,
+    endpoints: dict[str, str],
+    heartbeat: Heartbeat,
+    tp_port: int = 0,
+) -> None:
     """Process entry: load the model, announce readiness, then loop until shut down, beating
     `heartbeat` each time the loop comes around. With --tp-size N this is rank 0, and
     `tp_port` the process group's rendezvous port."""
@@ -63,11 +69,18 @@ def run_scheduler(args: ServerArgs, model_path: str, tokenizer_path: str, endpoi
         ctx.term()  # flushes the report
         raise SystemExit(1) from None
     runner = sched.runner
-    out.send(Ready(process="scheduler", info={
-        "max_total_tokens": runner.allocator.total_slots, "context_length": runner.context_len,
-        "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
-        "vocab_size": runner.config.vocab_size, "max_running_requests": args.scheduler.max_running_requests,
-    }))
+    out.send(
+        Ready(
+            process="scheduler",
+            info={
+                "max_total_tokens": runner.allocator.total_slots,
+                "context_length": runner.context_len,
+                "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
+                "vocab_size": runner.config.vocab_size,
+                "max_running_requests": args.scheduler.max_running_requests,
+            },
+        )
+    )
     try:
         _loop(sched, inbox, out, os.getppid(), heartbeat)
     except Exception as exc:
@@ -154,10 +167,12 @@ def _stats(sched: Scheduler) -> dict[str, float]:
     stats = sched.stats
     values = stats.as_floats()
     values.update(
-        running=len(sched.running), waiting=len(sched.waiting) + sched.awaiting_kv,
-        free_slots=sched.kv.allocator.available(), total_slots=sched.kv.allocator.total_slots,
-        new_token_ratio=sched.admission.new_token_ratio, invariant_ok=float(sched.check_invariant() is None)
-        if not sched.has_work else 1.0,
+        running=len(sched.running),
+        waiting=len(sched.waiting) + sched.awaiting_kv,
+        free_slots=sched.kv.allocator.available(),
+        total_slots=sched.kv.allocator.total_slots,
+        new_token_ratio=sched.admission.new_token_ratio,
+        invariant_ok=float(sched.check_invariant() is None) if not sched.has_work else 1.0,
     )
     # Admitted requests only (the tree's own lookups, e.g. LPM ordering, are not user traffic).
     values["cache_hit_rate"] = stats.cached_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0

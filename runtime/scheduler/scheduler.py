@@ -59,8 +59,14 @@ class Scheduler:
     `Admission` makes, with `SpecDecoder` for speculative decode steps and a `Role` for
     disaggregation."""
 
-    def __init__(self, args: ServerArgs, model_path: str, tokenizer_path: str | None = None,
-                 tp: TensorParallel = SINGLE, leader: TpLeader | None = None) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        model_path: str,
+        tokenizer_path: str | None = None,
+        tp: TensorParallel = SINGLE,
+        leader: TpLeader | None = None,
+    ) -> None:
         """Each part gets its own sections of `args`. Under tensor parallelism this is rank 0:
         `leader` sends each forward to the other ranks."""
         self.config = args.scheduler
@@ -81,8 +87,13 @@ class Scheduler:
         self.running: list[Req] = []  # decoding
         self._arrivals = 0
         proposer = make_proposer(args.spec, args.model, args.cache, self.runner)
-        self.spec = None if proposer is None else SpecDecoder(
-            proposer, self.runner, self.kv, self.sampler, self.eos_ids, args.spec.max_batch, self.stats, self)
+        self.spec = (
+            None
+            if proposer is None
+            else SpecDecoder(
+                proposer, self.runner, self.kv, self.sampler, self.eos_ids, args.spec.max_batch, self.stats, self
+            )
+        )
         # Disaggregated: its side (a prefill worker serves KV pulls on --host).
         self.pd = make_role(args.disagg, args.http.host, self.kv, self.runner.kv_pool, self.stats)
 
@@ -103,11 +114,23 @@ class Scheduler:
             boot = msg.bootstrap
             if boot is not None and i:
                 boot = msgspec.structs.replace(boot, room=(boot.room + i) % 2**64)
-            req = Req(rid, ids, own, group=msg.rid, stream=msg.stream, return_logprob=msg.return_logprob,
-                      logprob_start=msg.logprob_start_len if msg.return_logprob else -1,
-                      top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
-                      cache_salt=msg.cache_salt, output=msg.output, arrival=self._arrivals,
-                      constraint=msg.constraint, grammar_future=future, bootstrap=boot, reasoning=msg.reasoning)
+            req = Req(
+                rid,
+                ids,
+                own,
+                group=msg.rid,
+                stream=msg.stream,
+                return_logprob=msg.return_logprob,
+                logprob_start=msg.logprob_start_len if msg.return_logprob else -1,
+                top_logprobs_num=msg.top_logprobs_num if msg.return_logprob else 0,
+                cache_salt=msg.cache_salt,
+                output=msg.output,
+                arrival=self._arrivals,
+                constraint=msg.constraint,
+                grammar_future=future,
+                bootstrap=boot,
+                reasoning=msg.reasoning,
+            )
             if future is not None:
                 req.status = ReqStatus.COMPILING
                 self.compiling.append(req)
@@ -125,8 +148,9 @@ class Scheduler:
 
     def _grammar(self) -> GrammarManager:
         if self.grammar is None:
-            self.grammar = GrammarManager(self.grammar_config, self.tokenizer_path, self.eos_ids,
-                                          self.runner.config.vocab_size)
+            self.grammar = GrammarManager(
+                self.grammar_config, self.tokenizer_path, self.eos_ids, self.runner.config.vocab_size
+            )
         return self.grammar
 
     def _grammars_ready(self) -> list[ReqOut]:
@@ -140,7 +164,9 @@ class Scheduler:
             req.grammar_future = None
             if future.exception() is not None:
                 exc = future.exception()
-                req.finish_reason = FinishAbort(message=str(exc), status_code=429 if isinstance(exc, GrammarBusy) else 400)
+                req.finish_reason = FinishAbort(
+                    message=str(exc), status_code=429 if isinstance(exc, GrammarBusy) else 400
+                )
                 outs.append(self._ended(req))
                 continue
             assert self.grammar is not None
@@ -150,10 +176,14 @@ class Scheduler:
             assert matcher is not None  # `start` gave it one
             least = matcher.distance() if matcher.budget_aware else 0
             if least > req.remaining_new_tokens:
-                req.finish_reason = FinishAbort(status_code=400, message=(
-                    f"max_new_tokens {req.params.max_new_tokens} is below the {len(req.output_ids) + least} tokens "
-                    f"this constraint needs at the least; raise it (max_tokens) to {len(req.output_ids) + least} "
-                    "or more, or send budget_aware=false"))
+                req.finish_reason = FinishAbort(
+                    status_code=400,
+                    message=(
+                        f"max_new_tokens {req.params.max_new_tokens} is below the {len(req.output_ids) + least} tokens "
+                        f"this constraint needs at the least; raise it (max_tokens) to {len(req.output_ids) + least} "
+                        "or more, or send budget_aware=false"
+                    ),
+                )
             elif matcher.is_terminated():
                 req.finish_reason = FinishStop()
             elif req.remaining_new_tokens == 0:
@@ -260,8 +290,9 @@ class Scheduler:
         outs = self._finish_decode(plan, logits[n:] if n else logits) if plan.decode else []
         if n:
             if out.all_logits is not None:
-                prompt_logprobs(list(plan.prefill), [r.fill_ids() for r in plan.prefill], list(plan.prefill_ends),
-                                out.all_logits)
+                prompt_logprobs(
+                    list(plan.prefill), [r.fill_ids() for r in plan.prefill], list(plan.prefill_ends), out.all_logits
+                )
             outs += self._finish_prefill(plan, logits[:n])
         return outs
 
@@ -277,8 +308,9 @@ class Scheduler:
         for req, before in zip(reqs, sent):
             req.sent_ids = before
             if req.finish_reason is None:
-                req.finish_reason = FinishAbort(message=f"the batch this request was in failed: "
-                                                        f"{type(exc).__name__}: {exc}", status_code=500)
+                req.finish_reason = FinishAbort(
+                    message=f"the batch this request was in failed: {type(exc).__name__}: {exc}", status_code=500
+                )
                 outs.append(self._finish(req))
             else:
                 outs.append(self._out(req))
@@ -452,12 +484,20 @@ class Scheduler:
         top = req.top_logprobs[req.sent_ids :]
         first = req.sent_ids == 0
         req.sent_ids = len(req.output_ids)
-        return ReqOut(rid=req.rid, new_ids=pack_ids(new), finish_reason=req.finish_reason,
-                      prompt_tokens=len(req.origin_ids), completion_tokens=len(req.output_ids),
-                      cached_tokens=req.cached_tokens, spec_verify_ct=req.spec_verify_ct, logprobs=logprobs,
-                      top_logprobs=top,
-                      input_logprobs=req.input_logprobs if first else [],
-                      input_top_logprobs=req.input_top_logprobs if first else [], output=req.output)
+        return ReqOut(
+            rid=req.rid,
+            new_ids=pack_ids(new),
+            finish_reason=req.finish_reason,
+            prompt_tokens=len(req.origin_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            spec_verify_ct=req.spec_verify_ct,
+            logprobs=logprobs,
+            top_logprobs=top,
+            input_logprobs=req.input_logprobs if first else [],
+            input_top_logprobs=req.input_top_logprobs if first else [],
+            output=req.output,
+        )
 
     # ---------------------------------------------------------- KV pressure
 
@@ -486,8 +526,10 @@ class Scheduler:
 
     def _refuse_unfittable(self, req: Req) -> ReqOut:
         """End a request that cannot get its KV even with nothing else running."""
-        req.finish_reason = FinishAbort(message=f"the request needs more KV slots than the pool can free "
-                                                f"({self.kv.available()}); shorten it", status_code=400)
+        req.finish_reason = FinishAbort(
+            message=f"the request needs more KV slots than the pool can free ({self.kv.available()}); shorten it",
+            status_code=400,
+        )
         return self._finish(req)
 
     # ----------------------------------------------------------- integrity

@@ -15,9 +15,7 @@ class StepMode(Enum):
     IDLE = "idle"  # nothing
     PREFILL = "prefill"  # prompt chunks only; running requests (if any) wait this step
     MIXED = "mixed"  # prompt chunks and a decode step of every running request, in one forward
-    DECODE = (
-        "decode"  # a decode step of every running request (speculative when a proposer guesses)
-    )
+    DECODE = "decode"  # a decode step of every running request (speculative when a proposer guesses)
 
 
 class OnNoKV(Enum):
@@ -83,9 +81,7 @@ def decode_plan(running: list[Req]) -> StepPlan:
     )
 
 
-def prefill_plan(
-    batch: list[tuple[Req, int]], running: list[Req], mixed: bool, all_logits: bool
-) -> StepPlan:
+def prefill_plan(batch: list[tuple[Req, int]], running: list[Req], mixed: bool, all_logits: bool) -> StepPlan:
     """A prefill step of `batch` (request, end of its chunk); with `mixed`, the running
     requests decode in the same forward."""
     reqs = tuple(r for r, _ in batch)

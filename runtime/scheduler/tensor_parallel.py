@@ -71,8 +71,13 @@ def init_rank(parallel: ParallelArgs, device: str, rank: int, port: int) -> Tens
     backend = "nccl" if torch.cuda.is_available() and device != "cpu" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=parallel.tp_size,
-                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=parallel.tp_size,
+        timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+    )
     return TensorParallel(rank, parallel.tp_size)
 
 
@@ -88,8 +93,14 @@ class TpLeader:
     def __call__(self, batch: ForwardBatch) -> None:
         tensors = [getattr(batch, f) for f in FIELDS] + [batch.kv_indices]
         flat = torch.cat([t.to("cpu", torch.int64) for t in tensors])
-        self._send(TpBatch(mode=batch.mode.value, all_logits=batch.return_all_logits,
-                           sizes=[t.numel() for t in tensors], data=flat.numpy().tobytes()))
+        self._send(
+            TpBatch(
+                mode=batch.mode.value,
+                all_logits=batch.return_all_logits,
+                sizes=[t.numel() for t in tensors],
+                data=flat.numpy().tobytes(),
+            )
+        )
 
     def close(self) -> None:
         self._send(TpStop())
@@ -111,11 +122,20 @@ def rebuild(msg: TpBatch, runner: ModelRunner) -> ForwardBatch:
     seq = parts["seq_lens"]
     table = runner.req_to_token.table
     table[ragged_cells(parts["req_pool_indices"], torch.zeros_like(seq), seq)] = parts["kv_indices"].to(table.dtype)
-    return ForwardBatch(mode=ForwardMode(msg.mode), input_ids=parts["input_ids"], positions=parts["positions"],
-                        out_cache_loc=parts["out_cache_loc"], req_pool_indices=parts["req_pool_indices"],
-                        seq_lens=seq, prefix_lens=parts["prefix_lens"], extend_lens=parts["extend_lens"],
-                        qo_indptr=indptr(parts["extend_lens"]), kv_indptr=indptr(seq), req_to_token=table,
-                        return_all_logits=msg.all_logits)
+    return ForwardBatch(
+        mode=ForwardMode(msg.mode),
+        input_ids=parts["input_ids"],
+        positions=parts["positions"],
+        out_cache_loc=parts["out_cache_loc"],
+        req_pool_indices=parts["req_pool_indices"],
+        seq_lens=seq,
+        prefix_lens=parts["prefix_lens"],
+        extend_lens=parts["extend_lens"],
+        qo_indptr=indptr(parts["extend_lens"]),
+        kv_indptr=indptr(seq),
+        req_to_token=table,
+        return_all_logits=msg.all_logits,
+    )
 
 
 def run_follower(args: ServerArgs, model_path: str, endpoints: dict[str, str], rank: int, port: int) -> None:
@@ -131,8 +151,9 @@ def run_follower(args: ServerArgs, model_path: str, endpoints: dict[str, str], r
         setup = _next(inbox, parent)
         if not isinstance(setup, TpSetup):
             return
-        runner = ModelRunner(args.model, args.cache, args.scheduler.max_running_requests, model_path, tp=tp,
-                             num_slots=setup.num_slots)
+        runner = ModelRunner(
+            args.model, args.cache, args.scheduler.max_running_requests, model_path, tp=tp, num_slots=setup.num_slots
+        )
         while isinstance(msg := _next(inbox, parent), TpBatch):
             runner.forward(rebuild(msg, runner))
     finally:

@@ -63,8 +63,14 @@ def create_app(args: ServerArgs) -> FastAPI:
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         """Anything else escaping a route is Arbor's bug, never the request's: a 500 in the
         same error shape. Starlette re-raises after answering, so the log gets the traceback."""
-        return JSONResponse(ApiError(500, "internal error: this is a bug in Arbor, not in the request; the server "
-                                          "log has its traceback", "server_error").body(), status_code=500)
+        return JSONResponse(
+            ApiError(
+                500,
+                "internal error: this is a bug in Arbor, not in the request; the server log has its traceback",
+                "server_error",
+            ).body(),
+            status_code=500,
+        )
 
     @app.get("/health")
     async def health() -> Response:
@@ -91,9 +97,9 @@ def _auth(keys: Keys) -> Callable[[Request], Awaitable[None]]:
             return
         caller = keys.caller(request.headers.get("authorization", ""))
         if caller is None:
-            raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
-                           "authentication_error")
+            raise ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`", "authentication_error")
         request.state.caller = caller
+
     return check
 
 
@@ -107,8 +113,12 @@ def _check_progress(state: ServerState) -> None:
 def _admin_only(request: Request, what: str) -> None:
     """403 unless the caller holds the admin key (an open server's caller does)."""
     if not caller_of(request).admin:
-        raise ApiError(403, f"{what} shows every tenant's traffic and needs the admin key (--admin-api-key-file); "
-                            "your own counters are in /get_server_info", "permission_error")
+        raise ApiError(
+            403,
+            f"{what} shows every tenant's traffic and needs the admin key (--admin-api-key-file); "
+            "your own counters are in /get_server_info",
+            "permission_error",
+        )
 
 
 def _native_routes(router: APIRouter, state: ServerState) -> None:
@@ -120,8 +130,16 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
         caller = caller_of(request)
         timeout = state.http.health_heartbeat_timeout_s
         _check_progress(state)
-        prepared = await state.prepare([GenerateInput(input_ids=[0], sampling_params={
-            "max_new_tokens": 1, "temperature": 0}, cache_salt=state.salt(caller, None), owner=caller.tenant)])
+        prepared = await state.prepare(
+            [
+                GenerateInput(
+                    input_ids=[0],
+                    sampling_params={"max_new_tokens": 1, "temperature": 0},
+                    cache_salt=state.salt(caller, None),
+                    owner=caller.tenant,
+                )
+            ]
+        )
 
         async def one_token() -> None:
             async for _ in state.front().run(prepared[0]):
@@ -131,8 +149,11 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
             try:  # a stall that begins now must not hang the probe either
                 await asyncio.wait_for(one_token(), timeout)
             except asyncio.TimeoutError:
-                raise ApiError(503, f"the engine did not generate one token within {timeout:g} s "
-                                    "(--health-heartbeat-timeout-s)", "server_error") from None
+                raise ApiError(
+                    503,
+                    f"the engine did not generate one token within {timeout:g} s (--health-heartbeat-timeout-s)",
+                    "server_error",
+                ) from None
         return JSONResponse({"status": "ok"})
 
     @router.post("/generate")
@@ -143,12 +164,20 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
         state.check_model(body.model)
         try:
             inputs, single = split_batch(
-                body.text, body.input_ids, body.sampling_params, stream=body.stream, rid=body.rid,
-                return_logprob=body.return_logprob, logprob_start_len=body.logprob_start_len,
-                top_logprobs_num=body.top_logprobs_num, return_text_in_logprobs=body.return_text_in_logprobs,
-                cache_salt=state.salt(caller, body.cache_salt, _one_key(body.extra_key)), owner=caller.tenant,
+                body.text,
+                body.input_ids,
+                body.sampling_params,
+                stream=body.stream,
+                rid=body.rid,
+                return_logprob=body.return_logprob,
+                logprob_start_len=body.logprob_start_len,
+                top_logprobs_num=body.top_logprobs_num,
+                return_text_in_logprobs=body.return_text_in_logprobs,
+                cache_salt=state.salt(caller, body.cache_salt, _one_key(body.extra_key)),
+                owner=caller.tenant,
                 bootstrap=state.bootstrap(request, body.bootstrap_host, body.bootstrap_port, body.bootstrap_room),
-                require_reasoning=body.require_reasoning)
+                require_reasoning=body.require_reasoning,
+            )
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         if body.stream and not single:
@@ -167,9 +196,16 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
     @router.get("/model_info")
     async def model_info(request: Request) -> Response:
         front = state.front()
-        return JSONResponse({**state.model_paths(caller_of(request)), "served_model_name": state.model_name, "is_generation": True,
-                             "max_context_length": front.info["context_length"],
-                             "chat_roles": role_markers(state.tokenizer), **front.info})
+        return JSONResponse(
+            {
+                **state.model_paths(caller_of(request)),
+                "served_model_name": state.model_name,
+                "is_generation": True,
+                "max_context_length": front.info["context_length"],
+                "chat_roles": role_markers(state.tokenizer),
+                **front.info,
+            }
+        )
 
     @router.post("/flush_cache")
     async def flush_cache(request: Request) -> Response:
@@ -207,8 +243,17 @@ def _native_routes(router: APIRouter, state: ServerState) -> None:
         stats = await state.front().stats()
         waiting = int(stats.get("waiting", 0))
         used = int(stats.get("total_slots", 0) - stats.get("free_slots", 0))
-        return JSONResponse([{"dp_rank": 0, "num_reqs": int(stats.get("running", 0)) + waiting,
-                              "num_waiting_reqs": waiting, "num_tokens": used, "ts_tic": time.perf_counter()}])
+        return JSONResponse(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": int(stats.get("running", 0)) + waiting,
+                    "num_waiting_reqs": waiting,
+                    "num_tokens": used,
+                    "ts_tic": time.perf_counter(),
+                }
+            ]
+        )
 
     @router.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -237,10 +282,13 @@ def _check_cumulative_payload(prepared: Prepared) -> None:
     tokens = msg.sampling.max_new_tokens
     entries = tokens * (tokens + 1) // 2 // prepared.stream_interval * (1 + msg.top_logprobs_num)
     if entries > MAX_STREAMED_LOGPROBS:
-        raise ApiError(400, f"this stream would re-send about {entries} logprob entries (every event carries all "
-                            f"so far; the limit is {MAX_STREAMED_LOGPROBS}); raise stream_interval, lower "
-                            "max_new_tokens or top_logprobs_num, or start the server with "
-                            "--incremental-streaming-output")
+        raise ApiError(
+            400,
+            f"this stream would re-send about {entries} logprob entries (every event carries all "
+            f"so far; the limit is {MAX_STREAMED_LOGPROBS}); raise stream_interval, lower "
+            "max_new_tokens or top_logprobs_num, or start the server with "
+            "--incremental-streaming-output",
+        )
 
 
 def _one_key(extra_key: str | list[str] | None) -> str | None:

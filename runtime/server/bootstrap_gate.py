@@ -21,8 +21,9 @@ class BootstrapGate:
 
     def __init__(self, disagg: DisaggArgs) -> None:
         self.mode = disagg.mode
-        self.clients = [ipaddress.ip_network(a.strip(), strict=False)
-                        for a in (disagg.allowed_peers or "").split(",") if a.strip()]
+        self.clients = [
+            ipaddress.ip_network(a.strip(), strict=False) for a in (disagg.allowed_peers or "").split(",") if a.strip()
+        ]
         self.peers = _peers(disagg.prefill_peers or "")
 
     def check(self, boot: Bootstrap | list[Bootstrap] | None, caller: Caller, client: str | None) -> None:
@@ -30,16 +31,25 @@ class BootstrapGate:
         if boot is None or self.mode == "null":  # a worker that does both ignores the fields
             return
         if not (caller.pd or self._allowed(client)):
-            raise ApiError(403, "bootstrap_host, bootstrap_port and bootstrap_room may be set only by the PD "
-                                "router: present the PD secret (Authorization: Bearer, sglang-router's --api-key) "
-                                "or call from an address in --disaggregation-allowed-peers",
-                           "permission_error", "bootstrap_host")
+            raise ApiError(
+                403,
+                "bootstrap_host, bootstrap_port and bootstrap_room may be set only by the PD "
+                "router: present the PD secret (Authorization: Bearer, sglang-router's --api-key) "
+                "or call from an address in --disaggregation-allowed-peers",
+                "permission_error",
+                "bootstrap_host",
+            )
         if self.mode != "decode":
             return
         for one in boot if isinstance(boot, list) else [boot]:
             if (one.host, one.port) not in self.peers:
-                raise ApiError(403, f"{one.host}:{one.port} is not one of this decode worker's prefill peers "
-                                    "(--disaggregation-prefill-peers)", "permission_error", "bootstrap_host")
+                raise ApiError(
+                    403,
+                    f"{one.host}:{one.port} is not one of this decode worker's prefill peers "
+                    "(--disaggregation-prefill-peers)",
+                    "permission_error",
+                    "bootstrap_host",
+                )
 
     def _allowed(self, client: str | None) -> bool:
         if client is None or not self.clients:

@@ -30,8 +30,9 @@ class ChatTokenizer:
         if text:
             self._ids.put(tenant, text, ids)
 
-    def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-               tenant: str | None = None) -> list[int]:
+    def encode(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, tenant: str | None = None
+    ) -> list[int]:
         """Token ids of the conversation (and the tools, which the template renders) followed
         by the assistant generation prompt; only `tenant`'s remembered answers are spliced."""
         # A fresh random mark per call: chat text cannot spell a placeholder, so whatever it

@@ -55,7 +55,7 @@ class AnswerStream:
         if self._reasoning is not None:
             reasoning, new = self._reasoning.step(text, done)
         else:
-            reasoning, new = "", text[len(self.content):]
+            reasoning, new = "", text[len(self.content) :]
         self.content += new
         out: dict[str, Any] = {}
         if not self.shape.stream_reasoning:

@@ -54,8 +54,13 @@ def uvicorn_config(app: Any, http: HttpArgs, log_level: str, **overrides: Any) -
     """The uvicorn configuration of an Arbor app, with the connection limits of `http`."""
     protocol = type("ArborH11Protocol", (DeadlineH11Protocol,), {"header_timeout_s": http.header_timeout_s})
     settings: dict[str, Any] = {
-        "host": http.host, "port": http.port, "log_level": log_level, "timeout_graceful_shutdown": 5,
-        "http": protocol, "limit_concurrency": http.max_connections, "timeout_keep_alive": http.keep_alive_timeout_s,
+        "host": http.host,
+        "port": http.port,
+        "log_level": log_level,
+        "timeout_graceful_shutdown": 5,
+        "http": protocol,
+        "limit_concurrency": http.max_connections,
+        "timeout_keep_alive": http.keep_alive_timeout_s,
         # The client's address is the socket's: X-Forwarded-For from a loopback peer must not
         # pass --disaggregation-allowed-peers (uvicorn trusts it from 127.0.0.1 by default).
         "proxy_headers": False,

@@ -20,8 +20,9 @@ from arbor.runtime.server.redact import public
 class ApiError(Exception):
     """A request the server refuses; `status` is the HTTP code, `message` says what to change."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -30,8 +31,7 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON a client reads; the message carries no filesystem path of the server."""
-        return {"error": {"message": public(self.message), "type": self.kind, "param": self.param,
-                          "code": self.status}}
+        return {"error": {"message": public(self.message), "type": self.kind, "param": self.param, "code": self.status}}
 
 
 @contextlib.contextmanager
@@ -53,8 +53,11 @@ def decode(raw: bytes, kind: type) -> Any:
         path = too_deep_path(raw, e.limit)
         where = f" (at {path})" if path else ""
         field = re.match(r"[^.\[]*", path)
-        raise ApiError(400, f"the body nests arrays and objects {e.depth} levels deep{where}; the limit is "
-                            f"{e.limit}: flatten it", param=field[0] if field and field[0] else None) from None
+        raise ApiError(
+            400,
+            f"the body nests arrays and objects {e.depth} levels deep{where}; the limit is {e.limit}: flatten it",
+            param=field[0] if field and field[0] else None,
+        ) from None
     try:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as e:

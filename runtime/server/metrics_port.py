@@ -85,6 +85,8 @@ async def metrics_listener(port: int | None, render: Callable[[], Awaitable[byte
 
 def _response(status: int, body: bytes, head_only: bool = False) -> bytes:
     reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed"}.get(status, "Service Unavailable")
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
     return head.encode() + (b"" if head_only else body)

@@ -37,10 +37,21 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
     @router.get("/v1/models")
     async def models(request: Request) -> Response:
         front = state.front()
-        return JSONResponse({"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": int(time.time()), "owned_by": "arbor",
-            "root": state.model_paths(caller_of(request))["model_path"], "max_model_len": front.info["context_length"],
-        }]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": state.model_name,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "arbor",
+                        "root": state.model_paths(caller_of(request))["model_path"],
+                        "max_model_len": front.info["context_length"],
+                    }
+                ],
+            }
+        )
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -54,7 +65,8 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
             raise ApiError(400, f"logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}", param="logprobs")
         prompts = _completion_prompts(body.prompt)
         params = _sampling(body, body.max_tokens, "max_tokens") | _constraint(
-            regex=body.regex, json_schema=body.json_schema, ebnf=body.ebnf)
+            regex=body.regex, json_schema=body.json_schema, ebnf=body.ebnf
+        )
         caller = caller_of(request)
         salt = state.salt(caller, body.cache_salt, body.extra_key)
         rid = body.rid if len(prompts) == 1 else None
@@ -67,8 +79,9 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
             state.check_capacity(len(prepared))
             return await sse(_stream_completions(state, prepared, meta, body.n, k, usage))
         results = await state.collect(request, prepared)
-        choices = [_completion_choice(i * body.n + (o.index or 0), o, k) for i, outs in enumerate(results)
-                   for o in outs]
+        choices = [
+            _completion_choice(i * body.n + (o.index or 0), o, k) for i, outs in enumerate(results) for o in outs
+        ]
         usage = _usage(results, state.http.enable_cache_report)
         return JSONResponse({**meta.head("text_completion"), "choices": choices, "usage": usage})
 
@@ -78,26 +91,49 @@ def openai_routes(router: APIRouter, state: ServerState) -> None:
         body.refuse_unsupported()
         state.check_model(body.model)
         tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.http.tool_call_parser)
-        if tools is not None and tools.forced and (body.response_format is not None or body.regex is not None
-                                                   or body.ebnf is not None):
-            raise ApiError(400, "a required or named tool_choice constrains the answer to tool calls; drop "
-                                "response_format / regex / ebnf, or send tool_choice \"auto\"", param="tool_choice")
+        if (
+            tools is not None
+            and tools.forced
+            and (body.response_format is not None or body.regex is not None or body.ebnf is not None)
+        ):
+            raise ApiError(
+                400,
+                "a required or named tool_choice constrains the answer to tool calls; drop "
+                'response_format / regex / ebnf, or send tool_choice "auto"',
+                param="tool_choice",
+            )
         top = body.top_logprobs
         if top is not None and (not body.logprobs or not 0 <= top <= MAX_CHAT_TOP_LOGPROBS):
-            raise ApiError(400, f"top_logprobs needs logprobs=true and must be in [0, {MAX_CHAT_TOP_LOGPROBS}]",
-                           param="top_logprobs")
+            raise ApiError(
+                400,
+                f"top_logprobs needs logprobs=true and must be in [0, {MAX_CHAT_TOP_LOGPROBS}]",
+                param="top_logprobs",
+            )
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        params = (_sampling(body, max_tokens, param) | _response_format(body.response_format)
-                  | _constraint(regex=body.regex, ebnf=body.ebnf) | (tools.constraint() if tools else {}))
+        params = (
+            _sampling(body, max_tokens, param)
+            | _response_format(body.response_format)
+            | _constraint(regex=body.regex, ebnf=body.ebnf)
+            | (tools.constraint() if tools else {})
+        )
         if not body.messages:
             raise ApiError(400, "messages is empty; give at least one message", param="messages")
         caller = caller_of(request)
-        ids = await state.encode_chat([_message(m) for m in body.messages], tools.template_tools() if tools else None,
-                                      caller.tenant)
+        ids = await state.encode_chat(
+            [_message(m) for m in body.messages], tools.template_tools() if tools else None, caller.tenant
+        )
         k = (top or 0) if body.logprobs else None
-        one = _input(ids, params, body.stream, k, state.salt(caller, body.cache_salt, body.extra_key), body.rid,
-                     caller.tenant, _bootstrap(state, request, body, 1))
+        one = _input(
+            ids,
+            params,
+            body.stream,
+            k,
+            state.salt(caller, body.cache_salt, body.extra_key),
+            body.rid,
+            caller.tenant,
+            _bootstrap(state, request, body, 1),
+        )
         # require_reasoning (with --reasoning-parser): a constraint (response_format, a forced tool
         # call) shapes the answer after the <think> section, not the reasoning.
         one.require_reasoning = body.require_reasoning
@@ -138,18 +174,29 @@ def _response_format(fmt: ResponseFormat | None) -> dict[str, Any]:
         return {"json_object": True}
     if fmt.type == "grammar":
         if not isinstance(fmt.grammar, str) or not fmt.grammar.strip():
-            raise ApiError(400, "response_format type grammar needs grammar: an EBNF text (root ::= ...)",
-                           param="response_format")
+            raise ApiError(
+                400, "response_format type grammar needs grammar: an EBNF text (root ::= ...)", param="response_format"
+            )
         return {"ebnf": fmt.grammar}
     if fmt.type == "structural_tag":
         if fmt.format is not None:
             return {"structural_tag": {"type": "structural_tag", "format": fmt.format}}
-        return {"structural_tag": {"type": "structural_tag", "structures": fmt.structures, "triggers": fmt.triggers,
-                                   "at_least_one": fmt.at_least_one}}
+        return {
+            "structural_tag": {
+                "type": "structural_tag",
+                "structures": fmt.structures,
+                "triggers": fmt.triggers,
+                "at_least_one": fmt.at_least_one,
+            }
+        }
     spec = fmt.json_schema
     if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
-        raise ApiError(400, "response_format type json_schema needs json_schema: {name, schema, strict}; "
-                            "json_schema.schema (a JSON Schema object) is missing", param="response_format")
+        raise ApiError(
+            400,
+            "response_format type json_schema needs json_schema: {name, schema, strict}; "
+            "json_schema.schema (a JSON Schema object) is missing",
+            param="response_format",
+        )
     if not isinstance(spec.get("name", ""), str):
         raise ApiError(400, "response_format.json_schema.name must be a string", param="response_format")
     return {"json_schema": spec["schema"]}
@@ -164,8 +211,9 @@ def _completion_prompts(prompt: str | list[Any]) -> list[Any]:
         return [list(prompt)]
     if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
         return list(prompt)
-    raise ApiError(400, "prompt must be a string, a list of strings, token ids, or a list of token-id lists",
-                   param="prompt")
+    raise ApiError(
+        400, "prompt must be a string, a list of strings, token ids, or a list of token-id lists", param="prompt"
+    )
 
 
 def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, name: str) -> dict[str, Any]:
@@ -174,12 +222,23 @@ def _sampling(body: CompletionRequest | ChatCompletionRequest, max_tokens: int |
     if max_tokens is not None and max_tokens < 1:
         raise ApiError(400, f"{name} must be >= 1, got {max_tokens}", param=name)
     return {
-        "max_new_tokens": max_tokens, "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-        "min_p": body.min_p, "seed": body.seed, "min_new_tokens": body.min_tokens,
-        "frequency_penalty": body.frequency_penalty, "presence_penalty": body.presence_penalty,
-        "repetition_penalty": body.repetition_penalty, "ignore_eos": body.ignore_eos,
-        "stop_token_ids": body.stop_token_ids, "stop": body.stop or None, "stop_regex": body.stop_regex or None,
-        "no_stop_trim": body.no_stop_trim, "skip_special_tokens": body.skip_special_tokens, "n": body.n,
+        "max_new_tokens": max_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "seed": body.seed,
+        "min_new_tokens": body.min_tokens,
+        "frequency_penalty": body.frequency_penalty,
+        "presence_penalty": body.presence_penalty,
+        "repetition_penalty": body.repetition_penalty,
+        "ignore_eos": body.ignore_eos,
+        "stop_token_ids": body.stop_token_ids,
+        "stop": body.stop or None,
+        "stop_regex": body.stop_regex or None,
+        "no_stop_trim": body.no_stop_trim,
+        "skip_special_tokens": body.skip_special_tokens,
+        "n": body.n,
     }
 
 
@@ -187,13 +246,30 @@ def _constraint(**kinds: str | None) -> dict[str, Any]:
     return {kind: value for kind, value in kinds.items() if value is not None}
 
 
-def _input(prompt: Any, params: dict[str, Any], stream: bool, k: int | None, salt: str | None,
-           rid: str | None, owner: str | None, boot: Bootstrap | None) -> GenerateInput:
+def _input(
+    prompt: Any,
+    params: dict[str, Any],
+    stream: bool,
+    k: int | None,
+    salt: str | None,
+    rid: str | None,
+    owner: str | None,
+    boot: Bootstrap | None,
+) -> GenerateInput:
     text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
-    return GenerateInput(text=text, input_ids=ids, sampling_params=dict(params), stream=stream,
-                         return_logprob=k is not None, top_logprobs_num=k or 0,
-                         return_text_in_logprobs=k is not None, cache_salt=salt, rid=rid, owner=owner,
-                         bootstrap=boot)
+    return GenerateInput(
+        text=text,
+        input_ids=ids,
+        sampling_params=dict(params),
+        stream=stream,
+        return_logprob=k is not None,
+        top_logprobs_num=k or 0,
+        return_text_in_logprobs=k is not None,
+        cache_salt=salt,
+        rid=rid,
+        owner=owner,
+        bootstrap=boot,
+    )
 
 
 def _bootstrap(state: ServerState, request: Request, body: Any, prompts: int) -> Bootstrap | None:
@@ -232,7 +308,9 @@ def _finish_reason(meta: MetaInfo) -> str | None:
     if reason is None:
         return None
     if isinstance(reason, FinishAbort):
-        raise ApiError(reason.status_code, reason.message, "server_error" if reason.status_code >= 500 else "invalid_request_error")
+        raise ApiError(
+            reason.status_code, reason.message, "server_error" if reason.status_code >= 500 else "invalid_request_error"
+        )
     if isinstance(reason, FinishInvalid):
         return "invalid"  # the output breaks its schema (meta_info.schema_check says how)
     return "length" if isinstance(reason, FinishLength) else "stop"
@@ -241,8 +319,11 @@ def _finish_reason(meta: MetaInfo) -> str | None:
 def _usage(results: list[list[GenerateOutput]], cache_report: bool) -> dict[str, Any]:
     prompt = sum(outs[0].meta_info.prompt_tokens for outs in results)
     completion = sum(o.meta_info.completion_tokens for outs in results for o in outs)
-    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                             "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
     if cache_report:  # --enable-cache-report: how much of the prompt was cached is a side channel
         usage["prompt_tokens_details"] = {"cached_tokens": sum(outs[0].meta_info.cached_tokens for outs in results)}
     return usage
@@ -263,9 +344,12 @@ def _completion_logprobs(meta: MetaInfo, k: int | None) -> dict[str, Any] | None
     for e, _ in pairs:
         offsets.append(pos)
         pos += len(e.text or "")
-    return {"tokens": [e.text for e, _ in pairs], "token_logprobs": [e.logprob for e, _ in pairs],
-            "top_logprobs": [{t.text: t.logprob for t in row} for _, row in pairs] if k else None,
-            "text_offset": offsets}
+    return {
+        "tokens": [e.text for e, _ in pairs],
+        "token_logprobs": [e.logprob for e, _ in pairs],
+        "top_logprobs": [{t.text: t.logprob for t in row} for _, row in pairs] if k else None,
+        "text_offset": offsets,
+    }
 
 
 def _chat_logprobs(meta: MetaInfo, k: int | None) -> dict[str, Any] | None:
@@ -285,8 +369,12 @@ def _has_logprobs(out: GenerateOutput, k: int | None) -> bool:
 
 def _completion_choice(index: int, out: GenerateOutput, k: int | None) -> dict[str, Any]:
     meta = out.meta_info
-    return {"index": index, "text": out.text, "logprobs": _completion_logprobs(meta, k),
-            "finish_reason": _finish_reason(meta)}
+    return {
+        "index": index,
+        "text": out.text,
+        "logprobs": _completion_logprobs(meta, k),
+        "finish_reason": _finish_reason(meta),
+    }
 
 
 def _chat_choice(index: int, out: GenerateOutput, k: int | None, shape: AnswerShape) -> dict[str, Any]:
@@ -339,7 +427,12 @@ class _Deltas:
 
 
 async def _stream_completions(
-    state: ServerState, prepared: list[Prepared], meta: _Meta, n: int, k: int | None, include_usage: bool,
+    state: ServerState,
+    prepared: list[Prepared],
+    meta: _Meta,
+    n: int,
+    k: int | None,
+    include_usage: bool,
 ) -> AsyncGenerator[dict[str, Any], None]:
     deltas = _Deltas()
     finals: dict[int, GenerateOutput] = {}
@@ -350,16 +443,28 @@ async def _stream_completions(
         if reason is not None:
             finals[index] = out
         if text or reason is not None or _has_logprobs(out, k):
-            choice = {"index": index, "text": text, "logprobs": _completion_logprobs(out.meta_info, k),
-                      "finish_reason": reason}
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": _completion_logprobs(out.meta_info, k),
+                "finish_reason": reason,
+            }
             yield {**meta.head("text_completion"), "choices": [choice]}
     if include_usage:
         by_prompt = [[finals[i * n + j] for j in range(n)] for i in range(len(prepared))]
-        yield {**meta.head("text_completion"), "choices": [], "usage": _usage(by_prompt, state.http.enable_cache_report)}
+        yield {
+            **meta.head("text_completion"),
+            "choices": [],
+            "usage": _usage(by_prompt, state.http.enable_cache_report),
+        }
 
 
 async def _stream_chat(
-    state: ServerState, prepared: Prepared, meta: _Meta, k: int | None, include_usage: bool,
+    state: ServerState,
+    prepared: Prepared,
+    meta: _Meta,
+    k: int | None,
+    include_usage: bool,
     shape: AnswerShape,
 ) -> AsyncGenerator[dict[str, Any], None]:
     splits: dict[int, AnswerStream] = {}
@@ -369,20 +474,42 @@ async def _stream_chat(
     async for _, out in _merged(state, [prepared]):
         index = out.index or 0
         if index not in splits:  # the role opens each choice, with its first output (sse awaits it)
-            yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}]}
+            yield {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
         reason = _finish_reason(out.meta_info)
         split = splits.setdefault(index, AnswerStream(shape))
         delta = split.step(out.text, reason is not None)
         if delta or _has_logprobs(out, k):  # tokens without text yet still carry their logprobs
-            yield {**head, "choices": [{"index": index, "delta": delta or {"content": ""},
-                                        "logprobs": _chat_logprobs(out.meta_info, k), "finish_reason": None}]}
+            yield {
+                **head,
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": delta or {"content": ""},
+                        "logprobs": _chat_logprobs(out.meta_info, k),
+                        "finish_reason": None,
+                    }
+                ],
+            }
         if reason is not None:
             finals[index] = out
             _remember(state, out, prepared.owner)
             for call in split.tool_deltas():
-                yield {**head, "choices": [{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None,
-                                            "finish_reason": None}]}
+                yield {
+                    **head,
+                    "choices": [
+                        {"index": index, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": None}
+                    ],
+                }
             reason = split.finish(reason)
             yield {**head, "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}]}
     if include_usage:

@@ -32,7 +32,8 @@ def install_openapi(app: FastAPI, with_key: bool) -> None:
         if app.openapi_schema is None:
             doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
             refs, components = msgspec.json.schema_components(
-                list(BODIES.values()), ref_template="#/components/schemas/{name}")
+                list(BODIES.values()), ref_template="#/components/schemas/{name}"
+            )
             doc.setdefault("components", {}).setdefault("schemas", {}).update(components)
             for path, ref in zip(BODIES, refs):
                 operation = doc["paths"][path]["post"]

@@ -29,10 +29,17 @@ class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             if value is None or value == default:
                 continue
             if name == "custom_logit_processor":
-                raise ApiError(400, "custom_logit_processor carries Python code; Arbor never runs code a "
-                                    "client sends. Remove the field", param=name)
-            raise ApiError(400, f"{name} is not supported by Arbor (got {_short(value)}); omit it or send its "
-                                f"default {default!r}", param=name)
+                raise ApiError(
+                    400,
+                    "custom_logit_processor carries Python code; Arbor never runs code a "
+                    "client sends. Remove the field",
+                    param=name,
+                )
+            raise ApiError(
+                400,
+                f"{name} is not supported by Arbor (got {_short(value)}); omit it or send its default {default!r}",
+                param=name,
+            )
 
 
 @functools.cache
@@ -47,21 +54,66 @@ def _short(value: Any) -> str:
 
 
 # SGLang GenerateReqInput fields that no Arbor feature reads.
-_GENERATE_ADVISORY = ("log_metrics", "no_logs", "custom_labels", "received_time", "external_trace_header",
-                      "routing_key", "conversation_id", "priority")
+_GENERATE_ADVISORY = (
+    "log_metrics",
+    "no_logs",
+    "custom_labels",
+    "received_time",
+    "external_trace_header",
+    "routing_key",
+    "conversation_id",
+    "priority",
+)
 _GENERATE_DEFAULT_ONLY = (
-    "session_id", "input_embeds", "image_data", "video_data", "audio_data", "mm_hashes", "mm_content_hashes",
-    "use_audio_in_video", "video_config", "watermark", "token_ids_logprob", "return_sampling_mask",
-    "sampling_logprobs_mode", "return_flat_raw_top_logprobs", "return_flat_raw_output_top_logprobs",
-    "return_flat_raw_top_logprobs_b64", "return_hidden_states", "return_routed_experts",
-    "routed_experts_start_len", "return_indexer_topk", "modalities", "session_params", "lora_path", "lora_id",
-    "custom_logit_processor", "positional_embed_overrides", "bootstrap_pair_key", "decode_tp_size",
-    "routed_dp_rank", "data_parallel_rank",
-    "disagg_prefill_dp_rank", "http_worker_ipc", "background", "max_thinking_tokens",
-    "return_bytes", "return_entropy", "return_prompt_token_ids", "need_wait_for_mm_inputs",
-    "num_items_assigned", "encoder_urls", "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch",
-    "video_max_dynamic_patch", "images_config", "mm_processor_kwargs", "multi_item_delimiter_indices",
-    "token_indices_to_pool", "kv_hints",
+    "session_id",
+    "input_embeds",
+    "image_data",
+    "video_data",
+    "audio_data",
+    "mm_hashes",
+    "mm_content_hashes",
+    "use_audio_in_video",
+    "video_config",
+    "watermark",
+    "token_ids_logprob",
+    "return_sampling_mask",
+    "sampling_logprobs_mode",
+    "return_flat_raw_top_logprobs",
+    "return_flat_raw_output_top_logprobs",
+    "return_flat_raw_top_logprobs_b64",
+    "return_hidden_states",
+    "return_routed_experts",
+    "routed_experts_start_len",
+    "return_indexer_topk",
+    "modalities",
+    "session_params",
+    "lora_path",
+    "lora_id",
+    "custom_logit_processor",
+    "positional_embed_overrides",
+    "bootstrap_pair_key",
+    "decode_tp_size",
+    "routed_dp_rank",
+    "data_parallel_rank",
+    "disagg_prefill_dp_rank",
+    "http_worker_ipc",
+    "background",
+    "max_thinking_tokens",
+    "return_bytes",
+    "return_entropy",
+    "return_prompt_token_ids",
+    "need_wait_for_mm_inputs",
+    "num_items_assigned",
+    "encoder_urls",
+    "max_dynamic_patch",
+    "min_dynamic_patch",
+    "image_max_dynamic_patch",
+    "video_max_dynamic_patch",
+    "images_config",
+    "mm_processor_kwargs",
+    "multi_item_delimiter_indices",
+    "token_indices_to_pool",
+    "kv_hints",
 )
 
 
@@ -159,10 +211,24 @@ class StreamOptions(_Body):
 
 
 _OPENAI_DEFAULT_ONLY = (
-    "logit_bias", "return_hidden_states", "return_routed_experts", "routed_experts_start_len",
-    "return_cached_tokens_details", "return_spec_tokens_details", "return_token_ids", "lora_path",
-    "session_id", "session_params", "custom_params", "custom_logit_processor", "watermark", "images_config",
-    "mm_processor_kwargs", "data_parallel_rank", "routed_dp_rank", "disagg_prefill_dp_rank",
+    "logit_bias",
+    "return_hidden_states",
+    "return_routed_experts",
+    "routed_experts_start_len",
+    "return_cached_tokens_details",
+    "return_spec_tokens_details",
+    "return_token_ids",
+    "lora_path",
+    "session_id",
+    "session_params",
+    "custom_params",
+    "custom_logit_processor",
+    "watermark",
+    "images_config",
+    "mm_processor_kwargs",
+    "data_parallel_rank",
+    "routed_dp_rank",
+    "disagg_prefill_dp_rank",
 )
 
 
@@ -264,11 +330,24 @@ class ChatCompletionRequest(_OpenAISampling, kw_only=True):
 
     ADVISORY = ("priority", "custom_labels", "reasoning_effort")
     DEFAULT_ONLY = (
-        *_OPENAI_DEFAULT_ONLY, "return_prompt_token_ids", "return_meta_info", "return_input_ids_in_sglext",
-        "return_output_ids_in_sglext", "return_sampling_mask", "sampling_logprobs_mode",
-        "return_flat_raw_output_top_logprobs", "thinking", "task", "continue_final_message",
-        "chat_template_kwargs", "max_dynamic_patch", "min_dynamic_patch", "use_audio_in_video", "video_config",
-        "input_ids", "return_flat_raw_top_logprobs_b64",
+        *_OPENAI_DEFAULT_ONLY,
+        "return_prompt_token_ids",
+        "return_meta_info",
+        "return_input_ids_in_sglext",
+        "return_output_ids_in_sglext",
+        "return_sampling_mask",
+        "sampling_logprobs_mode",
+        "return_flat_raw_output_top_logprobs",
+        "thinking",
+        "task",
+        "continue_final_message",
+        "chat_template_kwargs",
+        "max_dynamic_patch",
+        "min_dynamic_patch",
+        "use_audio_in_video",
+        "video_config",
+        "input_ids",
+        "return_flat_raw_top_logprobs_b64",
     )
 
     messages: list[ChatMessage]

@@ -32,7 +32,7 @@ class ReasoningParser:
         """The text after the opening tag, or None if the answer has no reasoning section."""
         stripped = text.lstrip()
         if stripped.startswith(START):
-            return stripped[len(START):]
+            return stripped[len(START) :]
         return text if self.opens_inside else None
 
 

@@ -106,8 +106,12 @@ class ServerState:
     def check_model(self, model: str | None) -> None:
         """A request may name the model; it must be the one this server serves."""
         if model is not None and model not in (self.model_name, self.model_path, "default"):
-            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
-                           "invalid_request_error", "model")
+            raise ApiError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                "invalid_request_error",
+                "model",
+            )
 
     def model_paths(self, caller: Caller) -> dict[str, str]:
         """model_path and tokenizer_path as `caller` may read them: the directories for the
@@ -119,12 +123,19 @@ class ServerState:
     def server_info(self, caller: Caller) -> dict[str, Any]:
         """What SGLang's /get_server_info reports that routers read (model, sizes, mode)."""
         info = self.front().info
-        return {**self.model_paths(caller), "served_model_name": self.model_name, "is_generation": True,
-                "tp_size": self.args.parallel.tp_size, "dp_size": 1, "disaggregation_mode": self.args.disagg.mode,
-                "max_running_requests": self.args.scheduler.max_running_requests,
-                "max_total_num_tokens": info["max_total_tokens"], "context_length": info["context_length"],
-                "kv_cache_dtype": info["kv_cache_dtype"],
-                "version": version("arbor")}
+        return {
+            **self.model_paths(caller),
+            "served_model_name": self.model_name,
+            "is_generation": True,
+            "tp_size": self.args.parallel.tp_size,
+            "dp_size": 1,
+            "disaggregation_mode": self.args.disagg.mode,
+            "max_running_requests": self.args.scheduler.max_running_requests,
+            "max_total_num_tokens": info["max_total_tokens"],
+            "context_length": info["context_length"],
+            "kv_cache_dtype": info["kv_cache_dtype"],
+            "version": version("arbor"),
+        }
 
     async def prepare(self, inputs: list[GenerateInput]) -> list[Prepared]:
         """Validate every prompt before any runs; a bad one is a 400 naming the problem. Long
@@ -138,8 +149,9 @@ class ServerState:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.tokenizer_thread, front.prepare_batch, inputs)
 
-    async def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                          tenant: str | None = None) -> list[int]:
+    async def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, tenant: str | None = None
+    ) -> list[int]:
         """Token ids of `tenant`'s chat prompt (with the tools the template renders): refused
         before the template when it surely cannot fit, tokenized on the tokenizer thread when long."""
         front = self.front()
@@ -147,8 +159,10 @@ class ServerState:
         most = front.info["context_length"] * front.max_token_chars
         with refusing("messages"):
             if chars > most:
-                raise ValueError(f"the messages hold {chars} characters, more than {most}, which cannot fit the "
-                                 f"context length of {front.info['context_length']} tokens; shorten them")
+                raise ValueError(
+                    f"the messages hold {chars} characters, more than {most}, which cannot fit the "
+                    f"context length of {front.info['context_length']} tokens; shorten them"
+                )
             if chars <= INLINE_TOKENIZE_CHARS:
                 return self.chat.encode(messages, tools, tenant)
             loop = asyncio.get_running_loop()
@@ -159,8 +173,9 @@ class ServerState:
         stream starts, so the refusal is a status code rather than an error event)."""
         limit = self.http.max_concurrent_requests
         if self.inflight + count > limit:
-            raise ApiError(429, f"the server is at its limit of {limit} concurrent requests; retry shortly",
-                           "rate_limit_error")
+            raise ApiError(
+                429, f"the server is at its limit of {limit} concurrent requests; retry shortly", "rate_limit_error"
+            )
 
     @contextlib.contextmanager
     def admit(self, count: int):
@@ -183,6 +198,7 @@ class ServerState:
 
     async def collect(self, request: Request, prepared: list[Prepared]) -> list[list[GenerateOutput]]:
         """Run requests to completion; if the client goes away first, abort them all at once."""
+
         async def one(p: Prepared) -> list[GenerateOutput]:
             outs = [out async for out in self.outputs(p)]
             return sorted(outs, key=lambda o: o.index or 0)
@@ -237,8 +253,9 @@ async def read_body(request: Request, kind: type, http: HttpArgs) -> Any:
             break
         except asyncio.TimeoutError:
             if left <= timeout_s:
-                raise ApiError(408, f"the body took over {http.body_deadline_s:g} s in all (--body-deadline-s); "
-                                    "send it at once") from None
+                raise ApiError(
+                    408, f"the body took over {http.body_deadline_s:g} s in all (--body-deadline-s); send it at once"
+                ) from None
             raise ApiError(408, f"the body stalled for {timeout_s:g} s (--body-timeout-s); send it at once") from None
         size += len(chunk)
         if size > limit:

@@ -33,7 +33,9 @@ class TenantUsage:
         self.max_tenants = max_tenants
         self._usage: OrderedDict[str | None, Usage] = OrderedDict()
 
-    async def counted(self, outputs: AsyncIterator[GenerateOutput], tenant: str | None) -> AsyncIterator[GenerateOutput]:
+    async def counted(
+        self, outputs: AsyncIterator[GenerateOutput], tenant: str | None
+    ) -> AsyncIterator[GenerateOutput]:
         """Pass outputs through, adding each finished sample to `tenant`'s usage."""
         async for out in outputs:
             meta = out.meta_info

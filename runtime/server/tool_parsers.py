@@ -83,8 +83,12 @@ class ToolParser:
             members, end = _read_object(section, at)
             name = members.get("name")
             args = next((members[k] for k in (self.args_key, "arguments", "parameters") if k in members), None)
-            out.append(PartialCall(name[2] if name is not None and name[3] and isinstance(name[2], str) else None,
-                                   section[args[0]:args[1]] if args is not None else ""))
+            out.append(
+                PartialCall(
+                    name[2] if name is not None and name[3] and isinstance(name[2], str) else None,
+                    section[args[0] : args[1]] if args is not None else "",
+                )
+            )
             if end is None:
                 break
             pos = end
@@ -97,9 +101,12 @@ class ToolParser:
         return self.section(one, MAX_PARALLEL_CALLS if parallel else 1)
 
     def call_regex(self, function: dict[str, Any]) -> str:
-        schema = {"type": "object", "properties": {"name": {"const": function["name"]},
-                                                   self.args_key: _parameters(function)},
-                  "required": ["name", self.args_key], "additionalProperties": False}
+        schema = {
+            "type": "object",
+            "properties": {"name": {"const": function["name"]}, self.args_key: _parameters(function)},
+            "required": ["name", self.args_key],
+            "additionalProperties": False,
+        }
         return schema_to_regex(schema).regex
 
     def section(self, call: str, most: int) -> str:
@@ -114,7 +121,7 @@ class ToolParser:
         args = next((members[k] for k in (self.args_key, "arguments", "parameters") if k in members), None)
         if name is None or not isinstance(name[2], str) or args is None or not isinstance(args[2], dict):
             raise ValueError("not a tool call")
-        return ToolCall(name[2], text[args[0]:args[1]])
+        return ToolCall(name[2], text[args[0] : args[1]])
 
 
 class Qwen25Parser(ToolParser):
@@ -288,5 +295,9 @@ def _parameters(function: dict[str, Any]) -> dict[str, Any]:
     return params if isinstance(params, dict) and params else {"type": "object", "properties": {}}
 
 
-PARSERS: dict[str, type[ToolParser]] = {"qwen25": Qwen25Parser, "llama3": Llama3Parser, "mistral": MistralParser,
-                                        "pythonic": PythonicParser}
+PARSERS: dict[str, type[ToolParser]] = {
+    "qwen25": Qwen25Parser,
+    "llama3": Llama3Parser,
+    "mistral": MistralParser,
+    "pythonic": PythonicParser,
+}

@@ -38,8 +38,9 @@ class ToolPlan:
         if not self.forced:
             return {}
         assert self.parser is not None
-        chosen = self.functions if self.choice == "required" else [f for f in self.functions
-                                                                    if f["name"] == self.choice]
+        chosen = (
+            self.functions if self.choice == "required" else [f for f in self.functions if f["name"] == self.choice]
+        )
         return {"regex": self.parser.forced(chosen, self.parallel)}
 
     def template_tools(self) -> list[dict[str, Any]] | None:
@@ -81,16 +82,19 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: Any, parser_name: str | N
         raise ApiError(400, "parallel_tool_calls must be true or false", param="parallel_tool_calls")
     parser = PARSERS[parser_name]() if parser_name else None
     if parser is None and choice != "none":
-        raise ApiError(400, "this server parses no tool calls: start it with --tool-call-parser "
-                            f"({'|'.join(PARSERS)}) for the model's format, or send tool_choice \"none\"",
-                       param="tools")
+        raise ApiError(
+            400,
+            "this server parses no tool calls: start it with --tool-call-parser "
+            f'({"|".join(PARSERS)}) for the model\'s format, or send tool_choice "none"',
+            param="tools",
+        )
     return ToolPlan(parser, functions, choice, parallel)
 
 
 def _function(tool: Any, i: int) -> dict[str, Any]:
     where = f"tools[{i}]"
     if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
-        raise ApiError(400, f"{where} must be {{\"type\": \"function\", \"function\": {{...}}}}", param="tools")
+        raise ApiError(400, f'{where} must be {{"type": "function", "function": {{...}}}}', param="tools")
     fn = tool["function"]
     if not isinstance(fn.get("name"), str) or not _NAME.fullmatch(fn["name"]):
         raise ApiError(400, f"{where}.function.name must be 1-64 letters, digits, _ or -", param="tools")
@@ -114,8 +118,9 @@ def _check_schema(params: dict[str, Any], where: str) -> None:
         jsonschema.validators.validator_for(params).check_schema(params)
     except jsonschema.SchemaError as e:
         at = "/".join(str(p) for p in e.absolute_path)
-        raise ApiError(400, f"{where}: parameters schema is invalid: {e.message}" + (f" (at {at})" if at else ""),
-                       param="tools") from None
+        raise ApiError(
+            400, f"{where}: parameters schema is invalid: {e.message}" + (f" (at {at})" if at else ""), param="tools"
+        ) from None
 
 
 def _choice(choice: Any, names: list[str]) -> str:
@@ -123,11 +128,15 @@ def _choice(choice: Any, names: list[str]) -> str:
         return choice
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(name, str):
-        raise ApiError(400, 'tool_choice must be "auto", "none", "required" or {"type": "function", '
-                            '"function": {"name": ...}}', param="tool_choice")
+        raise ApiError(
+            400,
+            'tool_choice must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
     if name not in names:
-        raise ApiError(400, f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})",
-                       param="tool_choice")
+        raise ApiError(
+            400, f"tool_choice names {name!r}, which is not among the tools ({', '.join(names)})", param="tool_choice"
+        )
     return name
 
 
@@ -137,8 +146,9 @@ def template_message(m: Any, content: str) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
     if m.role == "tool":
         if not isinstance(m.tool_call_id, str):
-            raise ApiError(400, "a message with role tool needs tool_call_id, the id of the call it answers",
-                           param="messages")
+            raise ApiError(
+                400, "a message with role tool needs tool_call_id, the id of the call it answers", param="messages"
+            )
         out["tool_call_id"] = m.tool_call_id
     if m.name is not None:
         out["name"] = m.name
@@ -166,8 +176,14 @@ def _template_call(call: Any) -> dict[str, Any]:
 
 def wire_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
     """Calls as the OpenAI API writes them in a message."""
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments},
+        }
+        for c in calls
+    ]
 
 
 @dataclass
@@ -193,7 +209,7 @@ class ToolStream:
             end = len(text)
         else:
             end = self.plan.parser.content_end(text)
-        new = text[self.sent:max(end, self.sent)]
+        new = text[self.sent : max(end, self.sent)]
         self.sent = max(end, self.sent)
         return new.rstrip() if done and self.calls else new
 
@@ -201,7 +217,7 @@ class ToolStream:
         """Tool-call deltas for the calls written so far (forced answers only)."""
         if not self.plan.forced or self.plan.parser is None:
             return []
-        return self._send([(c.name, c.arguments) for c in self.plan.parser.partial_calls(text[self.sent:])])
+        return self._send([(c.name, c.arguments) for c in self.plan.parser.partial_calls(text[self.sent :])])
 
     def deltas(self) -> list[dict[str, Any]]:
         """After the end: what is left of the calls, as OpenAI streams them."""
@@ -215,9 +231,10 @@ class ToolStream:
                     break
                 self.ids.append(f"call_{uuid.uuid4().hex[:24]}")
                 self.args_sent.append(0)
-                out.append({"index": i, "id": self.ids[i], "type": "function",
-                            "function": {"name": name, "arguments": ""}})
-            new = arguments[self.args_sent[i]:]
+                out.append(
+                    {"index": i, "id": self.ids[i], "type": "function", "function": {"name": name, "arguments": ""}}
+                )
+            new = arguments[self.args_sent[i] :]
             if new:
                 out.append({"index": i, "function": {"arguments": new}})
                 self.args_sent[i] = len(arguments)

@@ -49,8 +49,17 @@ class TokenSink(Protocol):
 class SpecDecoder:
     """Proposer, verify forward and commit, over the target's runner and KV."""
 
-    def __init__(self, proposer: Proposer, runner: ModelRunner, kv: KVManager, sampler: Sampler,
-                 eos_ids: list[int], max_batch: int, stats: SchedulerStats, sink: TokenSink) -> None:
+    def __init__(
+        self,
+        proposer: Proposer,
+        runner: ModelRunner,
+        kv: KVManager,
+        sampler: Sampler,
+        eos_ids: list[int],
+        max_batch: int,
+        stats: SchedulerStats,
+        sink: TokenSink,
+    ) -> None:
         self.proposer = proposer
         self.runner = runner
         self.kv = kv
@@ -91,8 +100,9 @@ class SpecDecoder:
         """The request left the running batch: drop what the proposer holds for it."""
         self.proposer.release(req)
 
-    def _commit(self, reqs: list[Req], drafts: list[list[int]], logits: torch.Tensor,
-                grammar: GrammarManager | None) -> list[ReqOut]:
+    def _commit(
+        self, reqs: list[Req], drafts: list[list[int]], logits: torch.Tensor, grammar: GrammarManager | None
+    ) -> list[ReqOut]:
         """Verify the guesses, commit what holds (stopping at a finish or a jump-forward),
         roll back the rest."""
         row_reqs = [r for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)]

@@ -40,8 +40,10 @@ class DraftProposer:
         rows = target.req_to_token.table.shape[0]
         self.runner = ModelRunner(model, draft_cache, rows, str(spec.draft_model_path), hot)
         if self.runner.config.vocab_size != vocab:
-            raise ValueError(f"the draft's vocabulary ({self.runner.config.vocab_size}) differs from the "
-                             f"target's ({target.config.vocab_size}); they must share a tokenizer")
+            raise ValueError(
+                f"the draft's vocabulary ({self.runner.config.vocab_size}) differs from the "
+                f"target's ({target.config.vocab_size}); they must share a tokenizer"
+            )
         self.kv = KVManager(self.runner.allocator, self.runner.req_to_token, make_prefix_cache(cache))
         self.k = spec.num_draft_tokens
         self.shadows: dict[int, Req] = {}
@@ -105,8 +107,7 @@ class DraftProposer:
         shadow = self._shadow(req)
         return shadow.row >= 0 or self.kv.attach(shadow)
 
-    def _catch_up(self, reqs: list[Req], grammar: GrammarManager | None, ahead: list[list[int]]
-                  ) -> list[int] | None:
+    def _catch_up(self, reqs: list[Req], grammar: GrammarManager | None, ahead: list[list[int]]) -> list[int] | None:
         """Feed each request's shadow the tokens it has not seen; returns the first guesses
         (None if the KV cannot be reserved). Guesses of a step that was never verified (the
         target decoded plainly) are dropped."""
@@ -124,8 +125,9 @@ class DraftProposer:
             self.kv.cache_prefix(s)  # later requests with this prompt hit the draft's tree too
         return picks
 
-    def _decode(self, reqs: list[Req], step: int, grammar: GrammarManager | None, ahead: list[list[int]]
-                ) -> list[int] | None:
+    def _decode(
+        self, reqs: list[Req], step: int, grammar: GrammarManager | None, ahead: list[list[int]]
+    ) -> list[int] | None:
         """One batched decode step over each request's last guess (`ahead[i][-1]`, position
         seq_len + step - 1); returns the next guesses (None if the KV cannot be reserved)."""
         shadows = [self.shadows[id(r)] for r in reqs]
@@ -137,8 +139,9 @@ class DraftProposer:
             return None
         return self._picks(self.runner.forward(fb).next_token_logits, reqs, grammar, ahead)
 
-    def _picks(self, logits: torch.Tensor, reqs: list[Req], grammar: GrammarManager | None,
-               ahead: list[list[int]]) -> list[int]:
+    def _picks(
+        self, logits: torch.Tensor, reqs: list[Req], grammar: GrammarManager | None, ahead: list[list[int]]
+    ) -> list[int]:
         """The draft's argmax per row, masked for constrained requests by the grammar state
         after their output and their guesses so far (a hot head's columns are spread over the
         vocabulary for the masks only)."""

@@ -98,8 +98,13 @@ class Verdict:
     rows: list[int]
 
 
-def verify(logits: torch.Tensor, offsets: Sequence[int], drafts: Sequence[Sequence[int]],
-           sampling: SamplingBatch, sampler: Sampler) -> list[Verdict]:
+def verify(
+    logits: torch.Tensor,
+    offsets: Sequence[int],
+    drafts: Sequence[Sequence[int]],
+    sampling: SamplingBatch,
+    sampler: Sampler,
+) -> list[Verdict]:
     """Check each request's guesses against the target's logits. Request i owns rows
     offsets[i] .. offsets[i] + len(drafts[i]) of `logits` (row j: the distribution after its
     j-th input, so row 0 scores guess 1); `sampling` has one entry per row."""

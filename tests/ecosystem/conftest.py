@@ -44,34 +44,56 @@ def sglang_server(tiny_model) -> Iterator[Server]:
 
 def chat_trace(client: openai.OpenAI, model: str, conversations: int = 4, turns: int = 3) -> list[list[int]]:
     """cached_tokens of every turn of every conversation, turns interleaved across them."""
-    history = [[{"role": "user", "content": f"Conversation {c}: tell me about topic {c * 7}."}]
-               for c in range(conversations)]
+    history = [
+        [{"role": "user", "content": f"Conversation {c}: tell me about topic {c * 7}."}] for c in range(conversations)
+    ]
     cached: list[list[int]] = [[] for _ in range(conversations)]
     for turn in range(turns):
         for c in range(conversations):
             reply = client.chat.completions.create(model=model, messages=history[c], max_tokens=12, temperature=0)
             cached[c].append(reply.usage.prompt_tokens_details.cached_tokens)
-            history[c] += [{"role": "assistant", "content": reply.choices[0].message.content},
-                           {"role": "user", "content": f"Go on about part {turn + 1}."}]
+            history[c] += [
+                {"role": "assistant", "content": reply.choices[0].message.content},
+                {"role": "user", "content": f"Go on about part {turn + 1}."},
+            ]
     return cached
 
 
 # sglang-router takes its key only as --api-key: this launcher adds it inside the process, from
 # the environment, so it never shows in the process list.
-_KEYED_LAUNCH = ("import os, sys; from sglang_router.launch_router import main; "
-                 "sys.argv += ['--api-key', os.environ.pop('ROUTER_API_KEY')]; main()")
+_KEYED_LAUNCH = (
+    "import os, sys; from sglang_router.launch_router import main; "
+    "sys.argv += ['--api-key', os.environ.pop('ROUTER_API_KEY')]; main()"
+)
 
 
-def start_router(workers: list[Server], timeout_s: float = 120.0,
-                 pd: tuple[Server, int, Server] | None = None, api_key: str | None = None) -> Router:
+def start_router(
+    workers: list[Server],
+    timeout_s: float = 120.0,
+    pd: tuple[Server, int, Server] | None = None,
+    api_key: str | None = None,
+) -> Router:
     """sglang-router with the cache_aware policy on 127.0.0.1; ready once it lists the model.
     With `pd` = (prefill worker, its bootstrap port, decode worker): PD-disaggregation mode.
     With `api_key`: the router sends it to the workers and asks its clients for it."""
     port = _free_port()
     launch = ["-c", _KEYED_LAUNCH] if api_key else ["-m", "sglang_router.launch_router"]
-    cmd = [sys.executable, *launch, "--host", "127.0.0.1", "--port", str(port),
-           "--policy", "cache_aware", "--log-level", "warn", "--prometheus-host", "127.0.0.1",
-           "--prometheus-port", str(_free_port())]
+    cmd = [
+        sys.executable,
+        *launch,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        "cache_aware",
+        "--log-level",
+        "warn",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(_free_port()),
+    ]
     if pd is None:
         cmd += ["--worker-urls", *[w.base_url for w in workers]]
     else:

@@ -40,8 +40,7 @@ def _ready(fleet: Server, timeout_s: float = 60) -> Server:
 
 @pytest.fixture(scope="module")
 def fleet(tiny_model) -> Iterator[Server]:
-    server = _ready(start_server(str(tiny_model("llama")), "--dp-size", "2", "--enable-cache-report",
-                                 "--api-key", KEY))
+    server = _ready(start_server(str(tiny_model("llama")), "--dp-size", "2", "--enable-cache-report", "--api-key", KEY))
     yield server
     stop_server(server)
 
@@ -64,11 +63,13 @@ def test_two_workers_each_with_half_the_cores(fleet):
 
 
 def test_the_key_is_required_at_the_front(fleet):
-    status, body = fleet.request("POST", "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}},
-                                 key=None)
+    status, body = fleet.request(
+        "POST", "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}}, key=None
+    )
     assert status == 401, body
-    status, _ = fleet.request("POST", "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}},
-                              key="wrong")
+    status, _ = fleet.request(
+        "POST", "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 2}}, key="wrong"
+    )
     assert status == 401
 
 
@@ -79,8 +80,9 @@ def test_native_generate_equals_a_single_worker(fleet, router: Router):
         status, out = fleet.request("POST", "/generate", body, key=KEY)
         assert status == 200, out
         assert out["output_ids"] == single.request("POST", "/generate", body)[1]["output_ids"]
-    events = fleet.sse("/generate", {"text": "Hello", "stream": True,
-                                     "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+    events = fleet.sse(
+        "/generate", {"text": "Hello", "stream": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    )
     assert events[-1] == "[DONE]"
 
 
@@ -141,9 +143,12 @@ def test_a_killed_worker_stops_the_server(tiny_model):
 
 def test_dp_without_the_router_is_a_clear_error(tiny_model):
     # An interpreter where sglang_router cannot be imported (None in sys.modules blocks it).
-    code = ("import sys; sys.modules['sglang_router'] = None; "
-            "sys.argv = ['arbor', 'serve', '--dp-size', '2', '--model-path', sys.argv[1]]; "
-            "from arbor.__main__ import main; sys.exit(main())")
-    done = subprocess.run([sys.executable, "-c", code, str(tiny_model("llama"))], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys; sys.modules['sglang_router'] = None; "
+        "sys.argv = ['arbor', 'serve', '--dp-size', '2', '--model-path', sys.argv[1]]; "
+        "from arbor.__main__ import main; sys.exit(main())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_model("llama"))], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "sglang-router" in done.stderr

@@ -29,19 +29,39 @@ TENANT = "a-tenant-key"  # a client of the workers themselves, who must not stee
 ADMIN = "the-admin-key"  # reads the workers' statistics and flushes their caches
 
 
-def _pair(model: str, *prefill_extra: str, port: int | None = None,
-          peers: tuple[int, ...] = ()) -> tuple[Server, Server, int]:
+def _pair(
+    model: str, *prefill_extra: str, port: int | None = None, peers: tuple[int, ...] = ()
+) -> tuple[Server, Server, int]:
     """A prefill and a decode worker sharing SECRET; the decode worker pulls only from the
     prefill worker's bootstrap port and `peers` (ports on 127.0.0.1)."""
     port = port or _free_port()
     common = ("--enable-cache-report", "--disaggregation-timeout-s", str(TIMEOUT_S))
     env = {"ARBOR_PD_SECRET": SECRET, "ARBOR_API_KEY": TENANT, "ARBOR_ADMIN_API_KEY": ADMIN}
-    prefill = start_server(model, "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(port),
-                           "--metrics-port", str(_free_port()), *common, *prefill_extra, env=env)
+    prefill = start_server(
+        model,
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-bootstrap-port",
+        str(port),
+        "--metrics-port",
+        str(_free_port()),
+        *common,
+        *prefill_extra,
+        env=env,
+    )
     allowed = ",".join(f"127.0.0.1:{p}" for p in (port, *peers))
     try:
-        decode = start_server(model, "--disaggregation-mode", "decode", "--disaggregation-prefill-peers", allowed,
-                              "--metrics-port", str(_free_port()), *common, env=env)
+        decode = start_server(
+            model,
+            "--disaggregation-mode",
+            "decode",
+            "--disaggregation-prefill-peers",
+            allowed,
+            "--metrics-port",
+            str(_free_port()),
+            *common,
+            env=env,
+        )
     except BaseException:
         stop_server(prefill)
         raise
@@ -58,8 +78,9 @@ def ports() -> tuple[int, int]:
 def pd(tiny_model, ports) -> Iterator[tuple[Server, Server, Server]]:
     """(router, prefill, decode); the prefill worker chunks prompts at 16 tokens. The decode
     worker accepts the prefill worker and the fake peer's port as prefill peers."""
-    prefill, decode, port = _pair(str(tiny_model("llama")), "--chunked-prefill-size", "16", port=ports[0],
-                                  peers=(ports[1],))
+    prefill, decode, port = _pair(
+        str(tiny_model("llama")), "--chunked-prefill-size", "16", port=ports[0], peers=(ports[1],)
+    )
     try:
         router = start_router([prefill], pd=(prefill, port, decode), api_key=SECRET)
     except BaseException:
@@ -124,8 +145,10 @@ def test_second_turn_hits_the_decode_workers_cache(pd, sglang_server):
         want = single.chat.completions.create(model=front.model, messages=messages, max_tokens=10, temperature=0)
         assert reply.choices[0].message.content == want.choices[0].message.content
         replies.append(reply)
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                     {"role": "user", "content": "And then?"}]
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "And then?"},
+        ]
     first, second = (r.usage.prompt_tokens_details.cached_tokens for r in replies)
     # The second turn's prompt starts with the first turn's whole prompt (and reply), which
     # the decode worker received and cached: at least the first prompt, page-aligned, hits.
@@ -139,8 +162,11 @@ def test_streaming_through_the_router(pd, sglang_server):
     conn.request("POST", "/generate", body=json.dumps(body), headers=_headers(SECRET))
     resp = conn.getresponse()
     assert resp.status == 200
-    events = [json.loads(line[5:]) for line in resp.read().decode().splitlines()
-              if line.startswith("data:") and line.strip() != "data: [DONE]"]
+    events = [
+        json.loads(line[5:])
+        for line in resp.read().decode().splitlines()
+        if line.startswith("data:") and line.strip() != "data: [DONE]"
+    ]
     conn.close()
     assert len(events) > 1
     _, want = _generate(sglang_server, {**body, "stream": False}, KEY)
@@ -154,8 +180,7 @@ def test_n_samples_and_grammar(pd, sglang_server):
     single = openai.OpenAI(base_url=sglang_server.base_url + "/v1", api_key=KEY, max_retries=0)
     want = single.completions.create(model=front.model, prompt="Count:", max_tokens=6, temperature=0, n=2)
     assert [c.text for c in out.choices] == [c.text for c in want.choices]
-    body = {"text": "Code:", "sampling_params": {"max_new_tokens": 16, "temperature": 0,
-                                                  "regex": r"[0-9]{3}-[a-z]{2}"}}
+    body = {"text": "Code:", "sampling_params": {"max_new_tokens": 16, "temperature": 0, "regex": r"[0-9]{3}-[a-z]{2}"}}
     status, got = _generate(front, body)
     assert status == 200, got
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", got["text"])
@@ -166,8 +191,13 @@ def test_logprobs_travel_with_the_first_token(pd, sglang_server):
     """The first token is sampled on the prefill worker: its logprob comes with the KV; the
     router merges the prefill worker's prompt logprobs. PD answers what one worker does."""
     front = pd[0]
-    body = {"text": PROMPTS[2], "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
-            "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+    body = {
+        "text": PROMPTS[2],
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": 2,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+    }
     status, got = _generate(front, body)
     assert status == 200, got
     want = _generate(sglang_server, body, KEY)[1]
@@ -321,8 +351,12 @@ def test_a_fake_prefill_peer_can_neither_finish_a_room_nor_reach_beyond_it(pd, p
             outside = [pull.layout.k_ptrs[0] - 4096, pull.layout.v_ptrs[-1] + size, pull.layout.v_ptrs[-1] + size // 2]
             for address in outside:  # before, after, and straddling the end of the room's rows
                 with pytest.raises(Exception, match="NOT_FOUND"):
-                    agent.initialize_xfer("READ", agent.get_xfer_descs([(local.data_ptr(), size, 0)], "DRAM"),
-                                          agent.get_xfer_descs([(address, size, 0)], "DRAM"), pull.layout.agent)
+                    agent.initialize_xfer(
+                        "READ",
+                        agent.get_xfer_descs([(local.data_ptr(), size, 0)], "DRAM"),
+                        agent.get_xfer_descs([(address, size, 0)], "DRAM"),
+                        pull.layout.agent,
+                    )
             deadline = time.monotonic() + TIMEOUT_S
             while _metric(decode, "bootstrap_rejected") < before + 4:  # 2 replies, 2 notifications
                 assert time.monotonic() < deadline, "the decode worker did not count the forgeries"
@@ -445,8 +479,9 @@ def test_abort_on_the_prefill_worker_fails_the_decode_side_fast(pair):
 
 def test_prefill_without_a_decode_worker_times_out_cleanly(pair):
     prefill, _, port = pair
-    status, body = _generate(prefill, {"text": "Nobody pulls", "sampling_params": {"max_new_tokens": 4},
-                                       **_boot(port, 12)})
+    status, body = _generate(
+        prefill, {"text": "Nobody pulls", "sampling_params": {"max_new_tokens": 4}, **_boot(port, 12)}
+    )
     assert status == 504 and "no decode worker asked" in body["error"]["message"], body
     _no_leak(prefill, 5)
 

@@ -23,23 +23,27 @@ def test_router_lists_the_served_model(client, router):
 
 def test_native_generate_through_the_router(router):
     front = router.front
-    status, out = front.request("POST", "/generate", {"text": "Hello", "sampling_params": {
-        "max_new_tokens": 8, "temperature": 0}})
+    status, out = front.request(
+        "POST", "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    )
     assert status == 200, out
     assert out["meta_info"]["completion_tokens"] == 8 and out["meta_info"]["finish_reason"]["type"] == "length"
-    direct = router.workers[0].request("POST", "/generate", {"text": "Hello", "sampling_params": {
-        "max_new_tokens": 8, "temperature": 0}})[1]
+    direct = router.workers[0].request(
+        "POST", "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    )[1]
     assert out["output_ids"] == direct["output_ids"]
-    events = front.sse("/generate", {"text": "Hello", "stream": True,
-                                     "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+    events = front.sse(
+        "/generate", {"text": "Hello", "stream": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+    )
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["text"] == out["text"]
 
 
 def test_batch_generate_carries_logprobs(router):
     # The router refuses batched /generate bodies itself (422), so this one goes to a worker.
-    status, outs = router.workers[0].request("POST", "/generate", {
-        "text": ["one", "two"], "sampling_params": {"max_new_tokens": 3}, "return_logprob": True})
+    status, outs = router.workers[0].request(
+        "POST", "/generate", {"text": ["one", "two"], "sampling_params": {"max_new_tokens": 3}, "return_logprob": True}
+    )
     assert status == 200, outs
     for out in outs:
         meta = out["meta_info"]
@@ -59,8 +63,7 @@ def test_chat_through_the_router_with_and_without_max_tokens(client, router):
     messages = [{"role": "user", "content": "Say something."}]
     reply = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0)
     assert reply.choices[0].finish_reason == "length"
-    chunks = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0,
-                                            stream=True)
+    chunks = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == reply.choices[0].message.content
     # No max_tokens, the most common call there is: it runs until EOS or the context is full.
     bare = client.chat.completions.create(model=model, messages=messages)

@@ -13,8 +13,23 @@ from arbor.frontend_lang.demo import CITY, TOOL_CALL
 
 
 def test_demo_runs_the_product_tour(tiny_model) -> None:
-    proc = subprocess.run([sys.executable, "-m", "arbor", "demo", "--model-path", str(tiny_model("llama")),
-                           "--dtype", "float32", "--log-level", "warning"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "arbor",
+            "demo",
+            "--model-path",
+            str(tiny_model("llama")),
+            "--dtype",
+            "float32",
+            "--log-level",
+            "warning",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "random weights" in out and "--model-path" in out

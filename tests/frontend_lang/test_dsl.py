@@ -12,10 +12,15 @@ import pytest
 import arbor as sgl
 
 IPV4 = r"((25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)\.){3}(25[0-5]|2[0-4][0-9]|[01]?[0-9][0-9]?)"
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
-          "required": ["name", "age", "tags"]}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "tags"],
+}
 
 
 def test_gen_with_stop_and_max_tokens(backend) -> None:
@@ -175,6 +180,7 @@ def test_errors_are_clear(backend) -> None:
 def test_bind_and_engine_backend(tiny_model) -> None:
     backend = sgl.EngineBackend(model_path=str(tiny_model("llama")), dtype="float32")
     try:
+
         @sgl.function
         def prog(s, a, b):
             s += f"{a}+{b}=" + sgl.gen_int("sum") + " " + sgl.select("w", ["ok", "no"])

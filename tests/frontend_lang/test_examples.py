@@ -16,8 +16,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _run(name: str, server) -> str:
-    proc = subprocess.run([sys.executable, str(EXAMPLES / name), "--url", server.base_url, "--api-key", KEY],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), "--url", server.base_url, "--api-key", KEY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -29,8 +33,11 @@ def test_agent_examples_run(dsl_server, name) -> None:
     if name == "react_agent.py":  # every action is a call to a known tool with fitting arguments
         calls = [json.loads(line.split(": ", 1)[1]) for line in out.splitlines() if line.startswith("Action ")]
         assert calls and all(c["name"] in ("calculate", "lookup", "finish") for c in calls), out
-        assert all(set(c["arguments"]) == ({"expression"} if c["name"] == "calculate" else
-                                           {"term"} if c["name"] == "lookup" else {"answer"}) for c in calls)
+        assert all(
+            set(c["arguments"])
+            == ({"expression"} if c["name"] == "calculate" else {"term"} if c["name"] == "lookup" else {"answer"})
+            for c in calls
+        )
 
 
 def test_json_extraction_outputs_parse(dsl_server) -> None:

@@ -23,8 +23,9 @@ def test_few_shot_qa_structure(backend) -> None:
 
     ret = few_shot_qa.run(question="What is the capital of Peru?")
     assert isinstance(ret["answer"], str) and "\n" not in ret["answer"]
-    rets = few_shot_qa.run_batch([{"question": "Japan?"}, {"question": "Chile?"}, {"question": "Mali?"}],
-                                 temperature=0.1)
+    rets = few_shot_qa.run_batch(
+        [{"question": "Japan?"}, {"question": "Chile?"}, {"question": "Mali?"}], temperature=0.1
+    )
     assert len(rets) == 3 and all("\n" not in r["answer"] for r in rets)
 
 
@@ -39,8 +40,9 @@ def test_mt_bench(backend) -> None:
         with s.assistant():
             s += sgl.gen("answer_2")
 
-    ret = answer_mt_bench.run(question_1="Write a travel post.", question_2="Rewrite it.", temperature=0.7,
-                              max_new_tokens=16)
+    ret = answer_mt_bench.run(
+        question_1="Write a travel post.", question_2="Rewrite it.", temperature=0.7, max_new_tokens=16
+    )
     assert len(ret.messages()) in [4, 5]
 
 

@@ -20,8 +20,11 @@ def test_a_signature_becomes_a_schema():
     spec = tool_spec(area)
     assert spec["name"] == "area" and spec["description"] == "Area of a rectangle."
     params = spec["parameters"]
-    assert params["properties"] == {"width": {"type": "number"}, "height": {"type": "number"},
-                                    "unit": {"type": "string"}}
+    assert params["properties"] == {
+        "width": {"type": "number"},
+        "height": {"type": "number"},
+        "unit": {"type": "string"},
+    }
     assert params["required"] == ["width", "height"]
 
 

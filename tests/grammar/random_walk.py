@@ -22,8 +22,11 @@ class Family:
     def __init__(self, tokenizer: Any, backend: str = "outlines") -> None:
         self.tokenizer = tokenizer
         self.vocab = TokenVocabulary.from_tokenizer(tokenizer, [tokenizer.eos_token_id])
-        self.compiler = GrammarCompiler(self.vocab, CompilerConfig(backend=backend, workers=2, timeout_s=10),
-                                        encode=lambda text: tokenizer.encode(text, add_special_tokens=False))
+        self.compiler = GrammarCompiler(
+            self.vocab,
+            CompilerConfig(backend=backend, workers=2, timeout_s=10),
+            encode=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        )
         self.retok = Retokenizer(tokenizer, self.vocab)
 
     def walk(self, params: dict, seed: int, max_tokens: int = 4000) -> tuple[str, bool, int]:

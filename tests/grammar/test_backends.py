@@ -28,18 +28,37 @@ SAME_LANGUAGE = [
     {"regex": r"(yes|no)(, (yes|no))*"},
     {"regex": r"[a-z]{2,8}@[a-z]{3}\.(com|org)"},
     {"choices": ["red", "green", "blue green"]},
-    {"json_schema": {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}},
-                     "required": ["ok", "color"], "additionalProperties": False}},
+    {
+        "json_schema": {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green"]}},
+            "required": ["ok", "color"],
+            "additionalProperties": False,
+        }
+    },
     {"json_schema": {"type": "array", "items": {"type": "boolean"}}},
-    {"json_schema": {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}},
-                                                      "x": {"type": "null"}}, "required": ["tags", "x"],
-                     "additionalProperties": False}},
+    {
+        "json_schema": {
+            "type": "object",
+            "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}}, "x": {"type": "null"}},
+            "required": ["tags", "x"],
+            "additionalProperties": False,
+        }
+    },
 ]
 EBNF = 'root ::= answer (", " answer)*\nanswer ::= "yes" | "no" | "maybe " [0-9] [0-9]?'
 EBNF_TEXT = re.compile(r"(yes|no|maybe [0-9][0-9]?)(, (yes|no|maybe [0-9][0-9]?))*")
-TOOL_TAG = {"type": "structural_tag", "triggers": ["<fn="], "structures": [
-    {"begin": "<fn=get>", "schema": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
-     "end": "</fn>"}]}
+TOOL_TAG = {
+    "type": "structural_tag",
+    "triggers": ["<fn="],
+    "structures": [
+        {
+            "begin": "<fn=get>",
+            "schema": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+            "end": "</fn>",
+        }
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -95,21 +114,53 @@ def test_masks_agree_where_the_languages_agree(families, params: dict) -> None:
 # Bounded, closed schemas: random logits end an unbounded number or free string (or
 # llguidance's open objects: additionalProperties defaults to true there) almost never.
 BOUNDED = [
-    {"type": "object", "properties": {"street": {"type": "string", "maxLength": 20},
-                                      "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["street", "zip"],
-     "additionalProperties": False},
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {
-        "user": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 999},
-                                                  "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]},
-                                                           "maxItems": 4}},
-                 "required": ["id", "tags"], "additionalProperties": False},
-        "ok": {"type": "boolean"}}, "required": ["user", "ok"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "street": {"type": "string", "maxLength": 20},
+            "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+        },
+        "required": ["street", "zip"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "user": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer", "minimum": 1, "maximum": 999},
+                    "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 4},
+                },
+                "required": ["id", "tags"],
+                "additionalProperties": False,
+            },
+            "ok": {"type": "boolean"},
+        },
+        "required": ["user", "ok"],
+        "additionalProperties": False,
+    },
     {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,4}$"}, "minItems": 1, "maxItems": 3},
-    {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-                                  "required": ["zip"], "additionalProperties": False}]},
+    {
+        "anyOf": [
+            {"type": "null"},
+            {
+                "type": "object",
+                "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                "required": ["zip"],
+                "additionalProperties": False,
+            },
+        ]
+    },
 ]
 
 
@@ -156,9 +207,21 @@ def test_structural_tag_constrains_only_inside_the_tag(families, backend: str) -
 
 
 def test_structural_tag_current_format_on_xgrammar(families) -> None:
-    tag = {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<t>"], "tags": [
-        {"type": "tag", "begin": "<t>", "content": {"type": "json_schema", "json_schema": {"enum": [1, 2]}},
-         "end": "</t>"}]}}
+    tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<t>"],
+            "tags": [
+                {
+                    "type": "tag",
+                    "begin": "<t>",
+                    "content": {"type": "json_schema", "json_schema": {"enum": [1, 2]}},
+                    "end": "</t>",
+                }
+            ],
+        },
+    }
     family = families["xgrammar"]
     matcher = _compile(family, {"structural_tag": tag}).matcher()
     assert matcher.accept_tokens(family.retok.encode(b"so <t>"))
@@ -171,12 +234,17 @@ def test_structural_tag_current_format_on_xgrammar(families) -> None:
     assert _compile(family, {"structural_tag": tag}) is not None
 
 
-@pytest.mark.parametrize(("value", "error"), [
-    ({"type": "structural_tag", "triggers": ["<a"]}, "structures must be a list"),
-    ({"type": "structural_tag", "triggers": ["<a"], "structures": [{"begin": "<b>", "end": "</b>"}]},
-     "starts with none of the triggers"),
-    ("{not json", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        ({"type": "structural_tag", "triggers": ["<a"]}, "structures must be a list"),
+        (
+            {"type": "structural_tag", "triggers": ["<a"], "structures": [{"begin": "<b>", "end": "</b>"}]},
+            "starts with none of the triggers",
+        ),
+        ("{not json", "not valid JSON"),
+    ],
+)
 def test_bad_structural_tags_name_the_problem(value, error: str) -> None:
     with pytest.raises(ValueError, match=error):
         constraint_from_params({"structural_tag": value}, "xgrammar")

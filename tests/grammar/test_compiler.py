@@ -20,12 +20,15 @@ def accepts(family, params: dict, text: str) -> bool:
     return matcher.accept_tokens(ids) and matcher.allows_end()
 
 
-@pytest.mark.parametrize(("params", "text"), [
-    ({"regex": r"[0-9]+(\.[0-9]+)?"}, "3.14"),
-    ({"regex": r"(yes|no)(, (yes|no))*"}, "yes, no, yes"),
-    ({"json_schema": {"type": "number"}}, "3.14"),
-    ({"json_schema": {"type": "array", "items": {"type": "number"}}}, "[1.5, 2.25]"),
-])
+@pytest.mark.parametrize(
+    ("params", "text"),
+    [
+        ({"regex": r"[0-9]+(\.[0-9]+)?"}, "3.14"),
+        ({"regex": r"(yes|no)(, (yes|no))*"}, "yes, no, yes"),
+        ({"json_schema": {"type": "number"}}, "3.14"),
+        ({"json_schema": {"type": "array", "items": {"type": "number"}}}, "[1.5, 2.25]"),
+    ],
+)
 def test_tokens_past_a_possible_end_are_kept(family, params: dict, text: str) -> None:
     # outlines-core 0.2.14 alone rejects "." after "3" and "," after "yes" here.
     assert accepts(family, params, text)
@@ -59,9 +62,15 @@ def _bits(row: np.ndarray) -> set[int]:
 def test_guide_written_masks_equal_the_index_lists(family) -> None:
     # Each state's mask is written by the matcher's Guide; it must hold exactly the index's
     # allowed tokens, with the sentinel shown as EOS.
-    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "tag": {"enum": ["a", "bc"]},
-                                               "note": {"type": "string", "maxLength": 3}},
-              "required": ["id", "tag", "note"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "tag": {"enum": ["a", "bc"]},
+            "note": {"type": "string", "maxLength": 3},
+        },
+        "required": ["id", "tag", "note"],
+    }
     grammar = family.compiler.compile(constraint_from_params({"json_schema": schema}))
     matcher = GrammarMatcher(grammar)
     tables = grammar.tables
@@ -162,16 +171,19 @@ def test_memory_blowup_kills_only_the_worker(gpt2_family) -> None:
         compiler.close()
 
 
-@pytest.mark.parametrize(("params", "message"), [
-    ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}}, "minimum 5 is above maximum 1"),
-    ({"json_schema": "{not json"}, "not valid JSON"),
-    ({"json_schema": {"type": "thing"}}, "unknown type 'thing'"),
-    ({"json_schema": {"$ref": "#/definitions/missing"}}, "points at nothing"),
-    ({"json_schema": {"type": "string", "pattern": "(?=a)b"}}, "lookaround"),
-    ({"regex": "(unclosed"}, "regex"),
-    ({"choices": []}, "non-empty list"),
-    ({"regex": "a", "choices": ["a"]}, "at most one"),
-])
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}}, "minimum 5 is above maximum 1"),
+        ({"json_schema": "{not json"}, "not valid JSON"),
+        ({"json_schema": {"type": "thing"}}, "unknown type 'thing'"),
+        ({"json_schema": {"$ref": "#/definitions/missing"}}, "points at nothing"),
+        ({"json_schema": {"type": "string", "pattern": "(?=a)b"}}, "lookaround"),
+        ({"regex": "(unclosed"}, "regex"),
+        ({"choices": []}, "non-empty list"),
+        ({"regex": "a", "choices": ["a"]}, "at most one"),
+    ],
+)
 def test_bad_constraints_are_refused_with_a_reason(params: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         constraint_from_params(dict(params))
@@ -179,6 +191,7 @@ def test_bad_constraints_are_refused_with_a_reason(params: dict, message: str) -
 
 def test_constraint_text_is_canonical() -> None:
     a = constraint_from_params({"json_schema": {"type": "object", "properties": {"a": {"type": "integer"}}}})
-    b = constraint_from_params({"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}},
-                                                          indent=2)})
+    b = constraint_from_params(
+        {"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}}, indent=2)}
+    )
     assert a == b and hash(a) == hash(b)

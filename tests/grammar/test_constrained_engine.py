@@ -32,8 +32,13 @@ def engine(request, tiny_model, tiny_root):
             make_tiny_model(path, TinySpec(seed=7, sentencepiece_model=str(LLAMA2 / "tokenizer.model")))
     # Wall-clock guards loosened: this test checks the outputs, and a shared machine can stall the
     # scheduler past 50 ms in one step (the mask guard has its own tests).
-    with Engine(str(path), max_running_requests=128, max_total_tokens=120_000, grammar_compile_timeout_s=60,
-                grammar_max_mask_ms=1000) as e:
+    with Engine(
+        str(path),
+        max_running_requests=128,
+        max_total_tokens=120_000,
+        grammar_compile_timeout_s=60,
+        grammar_max_mask_ms=1000,
+    ) as e:
         yield e
 
 
@@ -67,8 +72,14 @@ def test_unconstrained_requests_beside_constrained_ones_are_untouched(engine) ->
     # exactly what it generates alone (greedy).
     free = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     alone = engine.generate("Free text:", sampling_params=free)["output_ids"]
-    mixed = engine.generate(["JSON:", "Free text:", "Digits:"], sampling_params=[
-        _sampled({"json_schema": SCHEMAS[sorted(SCHEMAS)[0]]}, 1), free, _sampled({"regex": "[0-9]{3,9}"}, 2)])
+    mixed = engine.generate(
+        ["JSON:", "Free text:", "Digits:"],
+        sampling_params=[
+            _sampled({"json_schema": SCHEMAS[sorted(SCHEMAS)[0]]}, 1),
+            free,
+            _sampled({"regex": "[0-9]{3,9}"}, 2),
+        ],
+    )
     assert mixed[1]["output_ids"] == alone
     assert re.fullmatch("[0-9]{3,9}", mixed[2]["text"])
 
@@ -87,15 +98,24 @@ def test_max_tokens_cutting_a_structure_finishes_with_length(engine) -> None:
 def test_jump_forward_composes_with_chunking_retraction_n_and_streaming(tiny_model) -> None:
     # A long fixed-length array: "," is forced after every digit, and 18 outputs of ~120
     # tokens overflow the small pool, so requests are retracted and recomputed mid-array.
-    schema = {"type": "object", "properties": {"digits": {"type": "array", "minItems": 60, "maxItems": 60,
-                                                          "items": {"type": "integer", "minimum": 0, "maximum": 9}}},
-              "required": ["digits"]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "digits": {
+                "type": "array",
+                "minItems": 60,
+                "maxItems": 60,
+                "items": {"type": "integer", "minimum": 0, "maximum": 9},
+            }
+        },
+        "required": ["digits"],
+    }
     long_prompt = "word " * 300
-    with Engine(str(tiny_model("llama")), chunked_prefill_size=64, max_total_tokens=2400,
-                max_running_requests=32) as e:
+    with Engine(str(tiny_model("llama")), chunked_prefill_size=64, max_total_tokens=2400, max_running_requests=32) as e:
         params = {"json_schema": schema, "temperature": 1.0, "max_new_tokens": 140, "n": 3}
-        outs = e.generate([f"{i} {long_prompt}" for i in range(6)], sampling_params=[
-            params | {"seed": i} for i in range(6)])
+        outs = e.generate(
+            [f"{i} {long_prompt}" for i in range(6)], sampling_params=[params | {"seed": i} for i in range(6)]
+        )
         assert len(outs) == 18
         for out in outs:
             jsonschema.validate(json.loads(out["text"]), schema)

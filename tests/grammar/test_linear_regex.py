@@ -58,8 +58,12 @@ def test_a_request_s_patterns_have_one_compile_budget():
 
 def test_a_catastrophic_pattern_checks_a_long_key_in_linear_time():
     # Python's re takes about 2**40 steps on each of these keys.
-    schema = {"type": "object", "patternProperties": {"^(a+)+$": {"type": "integer"}},
-              "additionalProperties": False, "properties": {"s": {"type": "string", "pattern": "^(a|aa)+$"}}}
+    schema = {
+        "type": "object",
+        "patternProperties": {"^(a+)+$": {"type": "integer"}},
+        "additionalProperties": False,
+        "properties": {"s": {"type": "string", "pattern": "^(a|aa)+$"}},
+    }
     constraint = Constraint("json_schema", json.dumps(schema))
     started = time.perf_counter()
     bad_key = check_output(constraint, json.dumps({"a" * 40 + "b": 1}), ["everything"])

@@ -22,9 +22,11 @@ from arbor.grammar.nesting import (
 
 # Strings full of what a naive bracket count would trip on: brackets, quotes, backslashes.
 TRICKY = st.text(alphabet='[]{}"\\ab\n\u00e9', max_size=8)
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | TRICKY,
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TRICKY, inner, max_size=3),
-                    max_leaves=30)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | TRICKY,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TRICKY, inner, max_size=3),
+    max_leaves=30,
+)
 
 
 def _depth(value: Any) -> int:
@@ -42,8 +44,14 @@ def test_json_depth_is_the_parsed_depth(value):
 
 
 # Keys a dotted path spells unambiguously; values as tricky as above.
-KEYED = st.recursive(st.none() | TRICKY, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.text(alphabet="ab_", min_size=1, max_size=3), inner, max_size=3), max_leaves=30)
+KEYED = st.recursive(
+    st.none() | TRICKY,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(alphabet="ab_", min_size=1, max_size=3), inner, max_size=3)
+    ),
+    max_leaves=30,
+)
 
 
 @given(KEYED)

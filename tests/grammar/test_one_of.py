@@ -14,20 +14,38 @@ from arbor.grammar.regex_parts import SchemaError
 _OBJ = {"type": "object"}
 EXCLUSIVE = {
     "types": {"oneOf": [{"type": "string", "maxLength": 4}, {"type": "null"}, {"type": "boolean"}]},
-    "discriminator": {"oneOf": [
-        {**_OBJ, "properties": {"k": {"const": "a"}, "x": {"type": "integer", "minimum": 0, "maximum": 9}},
-         "required": ["k", "x"]},
-        {**_OBJ, "properties": {"k": {"const": "b"}, "y": {"type": "boolean"}}, "required": ["k", "y"]}]},
+    "discriminator": {
+        "oneOf": [
+            {
+                **_OBJ,
+                "properties": {"k": {"const": "a"}, "x": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["k", "x"],
+            },
+            {**_OBJ, "properties": {"k": {"const": "b"}, "y": {"type": "boolean"}}, "required": ["k", "y"]},
+        ]
+    },
     "shared_enum_values": {"oneOf": [{"enum": [1, 2, 3]}, {"enum": [3, 4]}]},
-    "required_keys": {**_OBJ, "properties": {"r": {"type": "boolean"}, "w": {"type": "boolean"},
-                                             "h": {"type": "boolean"}},
-                      "oneOf": [{"required": ["r"]}, {"required": ["w", "h"]}]},
-    "closed_objects": {"oneOf": [
-        {**_OBJ, "additionalProperties": False, "properties": {"key": {"enum": ["p", "q"]}}},
-        {**_OBJ, "additionalProperties": False, "properties": {"keys": {"type": "array", "items": {"enum": ["p"]},
-                                                                        "maxItems": 2}}}]},
-    "arrays_of_kinds": {"oneOf": [{"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
-                                  {"type": "array", "items": {"enum": ["s"]}, "maxItems": 3}]},
+    "required_keys": {
+        **_OBJ,
+        "properties": {"r": {"type": "boolean"}, "w": {"type": "boolean"}, "h": {"type": "boolean"}},
+        "oneOf": [{"required": ["r"]}, {"required": ["w", "h"]}],
+    },
+    "closed_objects": {
+        "oneOf": [
+            {**_OBJ, "additionalProperties": False, "properties": {"key": {"enum": ["p", "q"]}}},
+            {
+                **_OBJ,
+                "additionalProperties": False,
+                "properties": {"keys": {"type": "array", "items": {"enum": ["p"]}, "maxItems": 2}},
+            },
+        ]
+    },
+    "arrays_of_kinds": {
+        "oneOf": [
+            {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+            {"type": "array", "items": {"enum": ["s"]}, "maxItems": 3},
+        ]
+    },
 }
 OVERLAPPING = {
     "integer_and_number": {"oneOf": [{"type": "integer"}, {"type": "number"}]},

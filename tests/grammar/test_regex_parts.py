@@ -81,7 +81,11 @@ def test_the_post_check_reports_a_number_too_large_for_multiple_of() -> None:
 def test_conditional_keywords_are_reported_not_dropped() -> None:
     """`if`/`then` (and the dependent* family) cannot be a regex: they must reach the post-check,
     or an output that breaks them would finish as `stop`."""
-    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
-              "if": {"properties": {"b": {"const": 1}}}, "then": {"required": ["a"]}}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+        "if": {"properties": {"b": {"const": 1}}},
+        "then": {"required": ["a"]},
+    }
     assert schema_to_regex(schema).unenforced == ["if"]
     assert schema_to_regex({"type": "object", "dependentRequired": {"a": ["b"]}}).unenforced == ["dependentRequired"]

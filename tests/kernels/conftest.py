@@ -15,7 +15,7 @@ def paged_slots(lengths: list[int], page_size: int, seed: int) -> tuple[list[tor
     order = torch.randperm(sum(pages), generator=torch.Generator().manual_seed(seed)) + 1
     out, at = [], 0
     for n, k in zip(lengths, pages):
-        mine = order[at:at + k]
+        mine = order[at : at + k]
         at += k
         slots = (mine[:, None] * page_size + torch.arange(page_size)[None, :]).reshape(-1)[:n]
         out.append(slots)

@@ -12,7 +12,10 @@ from arbor.kernels.reference import decode_attention_ref, extend_attention_ref
 from tests.kernels.conftest import DEVICE, assert_close, csr, paged_slots
 
 SHAPES = [  # (q heads, kv heads, head_dim): GQA ratios 1, 4, 8; head_dim 64 and 128
-    (2, 2, 64), (4, 1, 128), (8, 2, 64), (8, 1, 128),
+    (2, 2, 64),
+    (4, 1, 128),
+    (8, 2, 64),
+    (8, 1, 128),
 ]
 DTYPES = [torch.float32, torch.float16]
 

@@ -90,7 +90,7 @@ def test_token_bitmask_is_exact(vocab) -> None:
     ref, ours = logits.clone(), logits.clone()
     apply_token_bitmask_ref(ref, narrow)
     apply_token_bitmask_triton(ours, narrow)
-    assert torch.equal(ours, ref) and torch.isinf(ours[:, words // 2 * 32:]).all()
+    assert torch.equal(ours, ref) and torch.isinf(ours[:, words // 2 * 32 :]).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

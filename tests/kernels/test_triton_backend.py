@@ -17,20 +17,25 @@ ATOL = 1e-4
 
 
 def _step(runner: ModelRunner, mode: ForwardMode, new: list[list[int]], starts: list[int], rows: list[int]):
-    loc = reserve_positions(runner.req_to_token, runner.allocator, rows, starts,
-                            [s + len(n) for s, n in zip(starts, new)])
+    loc = reserve_positions(
+        runner.req_to_token, runner.allocator, rows, starts, [s + len(n) for s, n in zip(starts, new)]
+    )
     batch = ForwardBatch.build(mode, new, starts, rows, loc, runner.req_to_token.table)
     return runner.forward(batch).next_token_logits
 
 
-@pytest.mark.parametrize(("name", "page_size", "kv"), [("llama", 1, "auto"), ("llama-tied-gqa4", 16, "auto"),
-                                                      ("llama-tied-gqa4", 16, "fp8_e4m3")])
+@pytest.mark.parametrize(
+    ("name", "page_size", "kv"),
+    [("llama", 1, "auto"), ("llama-tied-gqa4", 16, "auto"), ("llama-tied-gqa4", 16, "fp8_e4m3")],
+)
 def test_triton_backend_equals_torch_backend(tiny_model, name, page_size, kv) -> None:
     """fp8_e4m3: both backends attend to the float8 pool's values (read in the Triton kernels
     as float8 and widened there)."""
     path = str(tiny_model(name))
     cache = CacheArgs(max_total_tokens=1024, page_size=page_size, dtype=kv)
-    runners = [ModelRunner(ModelArgs(dtype="float32", attention_backend=b), cache, 64, path) for b in ("torch", "triton")]
+    runners = [
+        ModelRunner(ModelArgs(dtype="float32", attention_backend=b), cache, 64, path) for b in ("torch", "triton")
+    ]
     assert runners[1].model.norm.kernel is rmsnorm_triton  # the fused ops are in use
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 50000, (n,), generator=gen).tolist() for n in (5, 21, 2)]
@@ -66,12 +71,16 @@ def test_speculative_verify_through_the_triton_backend(tiny_model) -> None:
     prompts = [[5, 6, 7, 8] * 4, [9, 10, 11] * 5]
     results = []
     for spec in (None, "ngram"):
-        args = ServerArgs.from_flags(dtype="float32", max_total_tokens=1024, attention_backend="triton",
-                          speculative_algorithm=spec)
+        args = ServerArgs.from_flags(
+            dtype="float32", max_total_tokens=1024, attention_backend="triton", speculative_algorithm=spec
+        )
         sched = Scheduler(args, path)
         for i, p in enumerate(prompts):
-            sched.add(TokenizedGenerateReq(rid=str(i), input_ids=pack_ids(p),
-                                           sampling=SamplingParams(max_new_tokens=12, temperature=0)))
+            sched.add(
+                TokenizedGenerateReq(
+                    rid=str(i), input_ids=pack_ids(p), sampling=SamplingParams(max_new_tokens=12, temperature=0)
+                )
+            )
         out: dict[str, list[int]] = {"0": [], "1": []}
         while sched.has_work:
             for o in sched.step():

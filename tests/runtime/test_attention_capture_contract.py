@@ -32,9 +32,7 @@ class DenseCaptureBackend(AttentionBackend):
     def init_capture(self, max_batch_size: int) -> None:
         dev = self.req_to_token.table.device
         self.seq_lens = torch.ones(max_batch_size, dtype=torch.int64, device=dev)
-        self.slots = torch.zeros(
-            max_batch_size, self.req_to_token.max_context_len, dtype=torch.int64, device=dev
-        )
+        self.slots = torch.zeros(max_batch_size, self.req_to_token.max_context_len, dtype=torch.int64, device=dev)
         self.views: dict[int, Meta] = {}
 
     def prepare_for_capture(self, batch: ForwardBatch) -> None:
@@ -96,16 +94,12 @@ class DecodeGraphs:
 
     def _capture(self, n: int) -> Callable[[], torch.Tensor]:
         table = self.backend.req_to_token.table
-        batch = ForwardBatch.build(
-            ForwardMode.DECODE, [[0]] * n, [0] * n, [0] * n, self.out_cache_loc[:n], table
-        )
+        batch = ForwardBatch.build(ForwardMode.DECODE, [[0]] * n, [0] * n, [0] * n, self.out_cache_loc[:n], table)
         assert batch.out_cache_loc.data_ptr() == self.out_cache_loc.data_ptr()  # a view, not a copy
         self.backend.prepare_for_capture(batch)
         return record(lambda: self.backend.forward(self.q[:n], self.k[:n], self.v[:n], 0, batch))
 
-    def replay(
-        self, batch: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def replay(self, batch: ForwardBatch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         n = batch.batch_size
         size = min(s for s in self.sizes if s >= n)
         for static, real in (
@@ -163,9 +157,7 @@ def test_padded_replays_equal_eager_attention_and_touch_only_slot_0(page_size):
     eager = TorchAttnBackend(eager_pool, r2t, D**-0.5)
     graphs = DecodeGraphs(DenseCaptureBackend(graph_pool, r2t, D**-0.5), SIZES)
     backend = graphs.backend
-    buffers = [
-        t.data_ptr() for t in (backend.seq_lens, backend.slots, graphs.q, graphs.out_cache_loc)
-    ]
+    buffers = [t.data_ptr() for t in (backend.seq_lens, backend.slots, graphs.q, graphs.out_cache_loc)]
     for seed, cached in enumerate([[5, 17, 9, 30, 2], [12, 3, 40], [7]]):  # sizes 8, 4 and 1
         batch = _decode_batch(r2t, alloc, cached)
         q, k, v = _qkv(len(cached), seed)
@@ -174,10 +166,7 @@ def test_padded_replays_equal_eager_attention_and_touch_only_slot_0(page_size):
         got = graphs.replay(batch, q, k, v)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         size = min(s for s in SIZES if s >= len(cached))
-        assert (
-            backend.seq_lens[len(cached) : size].eq(1).all()
-            and backend.slots[len(cached) : size].eq(0).all()
-        )
+        assert backend.seq_lens[len(cached) : size].eq(1).all() and backend.slots[len(cached) : size].eq(0).all()
         for ours, theirs in (
             (graph_pool.k[0], eager_pool.k[0]),
             (graph_pool.v[0], eager_pool.v[0]),
@@ -185,6 +174,4 @@ def test_padded_replays_equal_eager_attention_and_touch_only_slot_0(page_size):
             assert torch.equal(ours[1:], theirs[1:])  # padding wrote nothing but slot 0
         for row in batch.req_pool_indices.tolist():
             r2t.free(row)
-    assert [
-        t.data_ptr() for t in (backend.seq_lens, backend.slots, graphs.q, graphs.out_cache_loc)
-    ] == buffers
+    assert [t.data_ptr() for t in (backend.seq_lens, backend.slots, graphs.q, graphs.out_cache_loc)] == buffers

@@ -24,8 +24,15 @@ CODEC = BootstrapCodec(SECRET)
 
 
 def _pull(**overrides: object) -> KVPull:
-    layout = PoolLayout(agent="arbor-decode-1", metadata=b"md", k_ptrs=[4096, 8192], v_ptrs=[12288, 16384],
-                        slot_bytes=256, slots=6, mem_type="DRAM")
+    layout = PoolLayout(
+        agent="arbor-decode-1",
+        metadata=b"md",
+        k_ptrs=[4096, 8192],
+        v_ptrs=[12288, 16384],
+        slot_bytes=256,
+        slots=6,
+        mem_type="DRAM",
+    )
     fields = {"room": 7, "layout": layout, "skip": 2, "kv_len": 8, "tokens_crc": 1234, "nonce": b"n" * 16}
     return KVPull(**{**fields, **overrides})  # type: ignore[arg-type]
 
@@ -45,13 +52,16 @@ def test_a_message_signed_with_another_secret_is_refused():
     assert CODEC.done(other.encode_done(KVDone(room=1, nonce=b"n" * 16, agent="a", kv_len=1, token=1))) is None
 
 
-@pytest.mark.parametrize("overrides", [
-    {"skip": 9},  # skips past the prompt
-    {"kv_len": 20},  # more positions than the staging buffer holds
-    {"nonce": b"short"},
-    {"room": -1},
-    {"tokens_crc": 2**40},
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"skip": 9},  # skips past the prompt
+        {"kv_len": 20},  # more positions than the staging buffer holds
+        {"nonce": b"short"},
+        {"room": -1},
+        {"tokens_crc": 2**40},
+    ],
+)
 def test_signed_but_inconsistent_pulls_are_refused(overrides):
     raw = msgspec.msgpack.encode(msgspec.structs.replace(_pull(), **overrides))
     assert CODEC.to_prefill(Sealer(SECRET).seal(raw)) is None
@@ -75,15 +85,39 @@ def test_the_secret_must_be_long(tmp_path, monkeypatch):
     assert load_secret(None) == "x" * 20
 
 
-_json = st.recursive(st.none() | st.booleans() | st.integers(min_value=-2**63, max_value=2**64 - 1)
-                     | st.floats() | st.text(max_size=20) | st.binary(max_size=20),
-                     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
-                     max_leaves=30)
-_tagged = st.builds(lambda tag, rest: {"type": tag, **rest},
-                    st.sampled_from(["KVPull", "KVCancel", "KVFailed", "KVCancelled", "KVDone", "x"]),
-                    st.dictionaries(st.sampled_from(["room", "layout", "skip", "kv_len", "tokens_crc", "nonce",
-                                                     "message", "agent", "token", "top_logprobs", "k_ptrs"]),
-                                    _json, max_size=8))
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=30,
+)
+_tagged = st.builds(
+    lambda tag, rest: {"type": tag, **rest},
+    st.sampled_from(["KVPull", "KVCancel", "KVFailed", "KVCancelled", "KVDone", "x"]),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "room",
+                "layout",
+                "skip",
+                "kv_len",
+                "tokens_crc",
+                "nonce",
+                "message",
+                "agent",
+                "token",
+                "top_logprobs",
+                "k_ptrs",
+            ]
+        ),
+        _json,
+        max_size=8,
+    ),
+)
 
 
 @settings(max_examples=400, deadline=None)

@@ -18,9 +18,13 @@ MAX_STEPS = 2000
 
 
 def _req(rid: str, ids: list[int], n: int, logprob_start: int = -1) -> TokenizedGenerateReq:
-    return TokenizedGenerateReq(rid=rid, input_ids=pack_ids(ids), sampling=SamplingParams(
-        max_new_tokens=n, temperature=0, ignore_eos=True), return_logprob=logprob_start >= 0,
-        logprob_start_len=logprob_start)
+    return TokenizedGenerateReq(
+        rid=rid,
+        input_ids=pack_ids(ids),
+        sampling=SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True),
+        return_logprob=logprob_start >= 0,
+        logprob_start_len=logprob_start,
+    )
 
 
 def _drain(sched: Scheduler) -> list[ReqOut]:
@@ -29,8 +33,10 @@ def _drain(sched: Scheduler) -> list[ReqOut]:
         if not sched.has_work:
             return outs
         outs += sched.step()
-    raise AssertionError(f"no progress after {MAX_STEPS} steps: running {len(sched.running)}, waiting "
-                         f"{len(sched.waiting)}, free {sched.kv.allocator.available()}")
+    raise AssertionError(
+        f"no progress after {MAX_STEPS} steps: running {len(sched.running)}, waiting "
+        f"{len(sched.waiting)}, free {sched.kv.allocator.available()}"
+    )
 
 
 def _chats(sched: Scheduler, chats: int, prompt: int, logprob_start: int = -1) -> dict[str, tuple]:

@@ -27,22 +27,78 @@ from arbor.runtime.io.processes import ChildSpec
 
 # Every flag `arbor serve` takes (SGLang's names); a section may rename its field, never the flag.
 FLAGS = {
-    "model_path", "tokenizer_path", "load_format", "dtype", "device", "page_size", "max_running_requests",
-    "max_total_tokens", "kv_cache_dtype", "kv_cache_memory_fraction", "context_length", "attention_backend",
-    "chunked_prefill_size", "enable_mixed_chunk", "max_prefill_tokens", "schedule_policy", "schedule_max_skips",
-    "disable_radix_cache", "random_seed", "host", "port", "metrics_port", "api_key", "api_key_file",
-    "admin_api_key_file", "enable_cache_report", "incremental_streaming_output", "served_model_name",
-    "max_body_bytes", "max_n", "max_batch_prompts", "max_concurrent_requests", "max_connections",
-    "header_timeout_s", "body_timeout_s", "body_deadline_s", "keep_alive_timeout_s", "health_heartbeat_timeout_s",
-    "grammar_backend", "grammar_workers", "grammar_compile_timeout_s", "grammar_max_memory_mb",
-    "grammar_max_pending", "grammar_max_mask_ms", "grammar_cache_mb", "grammar_cache_dir", "tool_call_parser",
-    "reasoning_parser", "disable_jump_forward", "speculative_algorithm", "speculative_draft_model_path",
-    "speculative_token_map", "speculative_num_draft_tokens", "speculative_ngram_min_match",
-    "speculative_ngram_max_match", "speculative_max_batch", "tp_size", "dp_size", "router_policy",
-    "router_cache_threshold", "router_balance_abs_threshold", "router_balance_rel_threshold",
-    "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
-    "disaggregation_secret_file", "disaggregation_prefill_peers", "disaggregation_staging_mb",
-    "disaggregation_allowed_peers", "disaggregation_ib_device", "disaggregation_timeout_s", "num_threads",
+    "model_path",
+    "tokenizer_path",
+    "load_format",
+    "dtype",
+    "device",
+    "page_size",
+    "max_running_requests",
+    "max_total_tokens",
+    "kv_cache_dtype",
+    "kv_cache_memory_fraction",
+    "context_length",
+    "attention_backend",
+    "chunked_prefill_size",
+    "enable_mixed_chunk",
+    "max_prefill_tokens",
+    "schedule_policy",
+    "schedule_max_skips",
+    "disable_radix_cache",
+    "random_seed",
+    "host",
+    "port",
+    "metrics_port",
+    "api_key",
+    "api_key_file",
+    "admin_api_key_file",
+    "enable_cache_report",
+    "incremental_streaming_output",
+    "served_model_name",
+    "max_body_bytes",
+    "max_n",
+    "max_batch_prompts",
+    "max_concurrent_requests",
+    "max_connections",
+    "header_timeout_s",
+    "body_timeout_s",
+    "body_deadline_s",
+    "keep_alive_timeout_s",
+    "health_heartbeat_timeout_s",
+    "grammar_backend",
+    "grammar_workers",
+    "grammar_compile_timeout_s",
+    "grammar_max_memory_mb",
+    "grammar_max_pending",
+    "grammar_max_mask_ms",
+    "grammar_cache_mb",
+    "grammar_cache_dir",
+    "tool_call_parser",
+    "reasoning_parser",
+    "disable_jump_forward",
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_token_map",
+    "speculative_num_draft_tokens",
+    "speculative_ngram_min_match",
+    "speculative_ngram_max_match",
+    "speculative_max_batch",
+    "tp_size",
+    "dp_size",
+    "router_policy",
+    "router_cache_threshold",
+    "router_balance_abs_threshold",
+    "router_balance_rel_threshold",
+    "disaggregation_mode",
+    "disaggregation_transfer_backend",
+    "disaggregation_bootstrap_port",
+    "disaggregation_secret_file",
+    "disaggregation_prefill_peers",
+    "disaggregation_staging_mb",
+    "disaggregation_allowed_peers",
+    "disaggregation_ib_device",
+    "disaggregation_timeout_s",
+    "num_threads",
     "log_level",
 }
 
@@ -58,23 +114,45 @@ def _parse(argv: list[str]) -> ServerArgs:
 
 
 def test_flags_rebuild_the_args_with_overrides():
-    args = ServerArgs.from_flags(model_path="/m", dtype="float32", dp_size=2, enable_mixed_chunk=False,
-                                 enable_cache_report=True, max_total_tokens=4096, kv_cache_memory_fraction=0.5,
-                                 router_policy="round_robin")
+    args = ServerArgs.from_flags(
+        model_path="/m",
+        dtype="float32",
+        dp_size=2,
+        enable_mixed_chunk=False,
+        enable_cache_report=True,
+        max_total_tokens=4096,
+        kv_cache_memory_fraction=0.5,
+        router_policy="round_robin",
+    )
     argv = args.to_cli_args(dp_size=1, port=31001, num_threads=3)
     assert "--no-enable-mixed-chunk" in argv and "--enable-cache-report" in argv and "--dp-size" not in argv
     rebuilt = _parse(argv)
-    assert rebuilt == ServerArgs.from_flags(model_path="/m", dtype="float32", enable_mixed_chunk=False,
-                                            enable_cache_report=True, max_total_tokens=4096,
-                                            kv_cache_memory_fraction=0.5, router_policy="round_robin",
-                                            port=31001, num_threads=3)
+    assert rebuilt == ServerArgs.from_flags(
+        model_path="/m",
+        dtype="float32",
+        enable_mixed_chunk=False,
+        enable_cache_report=True,
+        max_total_tokens=4096,
+        kv_cache_memory_fraction=0.5,
+        router_policy="round_robin",
+        port=31001,
+        num_threads=3,
+    )
     assert ServerArgs().to_cli_args() == []
 
 
 def test_flags_land_in_their_sections():
-    args = ServerArgs.from_flags(model_path="/m", kv_cache_dtype="fp8", schedule_policy="fcfs", tp_size=2,
-                                 speculative_algorithm="ngram", grammar_backend="xgrammar", port=31001,
-                                 disaggregation_bootstrap_port=9000, router_cache_threshold=0.5)
+    args = ServerArgs.from_flags(
+        model_path="/m",
+        kv_cache_dtype="fp8",
+        schedule_policy="fcfs",
+        tp_size=2,
+        speculative_algorithm="ngram",
+        grammar_backend="xgrammar",
+        port=31001,
+        disaggregation_bootstrap_port=9000,
+        router_cache_threshold=0.5,
+    )
     assert (args.model.path, args.cache.dtype, args.scheduler.policy, args.parallel.tp_size) == ("/m", "fp8", "fcfs", 2)
     assert (args.spec.algorithm, args.grammar.backend, args.http.port) == ("ngram", "xgrammar", 31001)
     assert (args.disagg.bootstrap_port, args.router.cache_threshold) == (9000, 0.5)
@@ -85,8 +163,7 @@ def test_flags_land_in_their_sections():
 def test_the_cli_flags_are_unchanged():
     actions = [a for a in _parser()._actions if a.dest != "help"]
     assert {a.dest for a in actions} == FLAGS
-    assert all(a.option_strings == ["--" + a.dest.replace("_", "-")] or a.dest == "enable_mixed_chunk"
-               for a in actions)
+    assert all(a.option_strings == ["--" + a.dest.replace("_", "-")] or a.dest == "enable_mixed_chunk" for a in actions)
     assert all(a.help for a in actions)
     by_dest = {a.dest: a for a in actions}
     assert by_dest["enable_mixed_chunk"].option_strings == ["--enable-mixed-chunk", "--no-enable-mixed-chunk"]
@@ -99,8 +176,18 @@ def test_the_cli_flags_are_unchanged():
 def test_choices_are_literal_types():
     """Every flag with choices gets them from a Literal type, except --load-format, whose
     choices are the weight-source registry's."""
-    sections = (ServerArgs, ModelArgs, CacheArgs, SchedulerArgs, ParallelArgs, SpecArgs, GrammarArgs, HttpArgs,
-                DisaggArgs, RouterArgs)
+    sections = (
+        ServerArgs,
+        ModelArgs,
+        CacheArgs,
+        SchedulerArgs,
+        ParallelArgs,
+        SpecArgs,
+        GrammarArgs,
+        HttpArgs,
+        DisaggArgs,
+        RouterArgs,
+    )
     fields = {f.metadata.get("flag") or f.name: (s, f) for s in sections for f in dataclasses.fields(s)}
     for action in _parser()._actions:
         if not action.choices:
@@ -126,30 +213,35 @@ def test_a_decode_worker_names_its_prefill_peers():
     assert ServerArgs.from_flags(disaggregation_mode="decode", disaggregation_prefill_peers="10.0.0.2:8998")
 
 
-@pytest.mark.parametrize(("build", "message"), [
-    (lambda: ModelArgs(dtype="float64"), "--dtype must be one of auto, float32, bfloat16, float16"),
-    (lambda: ModelArgs(load_format="gguf"), "--load-format must be one of auto, safetensors"),
-    (lambda: CacheArgs(page_size=0), "page_size must be >= 1"),
-    (lambda: CacheArgs(memory_fraction=1.5), "kv_cache_memory_fraction must be in"),
-    (lambda: CacheArgs(dtype="int4"), "--kv-cache-dtype must be one of"),
-    (lambda: SchedulerArgs(max_running_requests=0), "max_running_requests must be >= 1"),
-    (lambda: SchedulerArgs(policy="random"), "--schedule-policy must be one of lpm, fcfs"),
-    (lambda: ParallelArgs(num_threads=0), "num_threads must be >= 1"),
-    (lambda: SpecArgs(algorithm="draft"), "needs --speculative-draft-model-path"),
-    (lambda: SpecArgs(token_map="/m.pt"), "applies to --speculative-algorithm draft only"),
-    (lambda: SpecArgs(ngram_min_match=5), "speculative_ngram_min_match <= speculative_ngram_max_match"),
-    (lambda: GrammarArgs(max_pending=0), "grammar_max_pending must be >= 1"),
-    (lambda: GrammarArgs(backend="regex"), "--grammar-backend must be one of"),
-    (lambda: HttpArgs(health_heartbeat_timeout_s=1), "health_heartbeat_timeout_s must be >= 2"),
-    (lambda: HttpArgs(metrics_port=70000), "metrics_port must be a TCP port"),
-    (lambda: HttpArgs(reasoning_parser="o1"), "--reasoning-parser must be one of qwen3, deepseek-r1"),
-    (lambda: DisaggArgs(mode="decode"), "--disaggregation-prefill-peers"),
-    (lambda: DisaggArgs(mode="prefill", timeout_s=0), "disaggregation_timeout_s must be > 0"),
-    (lambda: RouterArgs(policy="nearest"), "--router-policy must be one of"),
-    (lambda: ServerArgs(parallel=ParallelArgs(tp_size=2), disagg=DisaggArgs(mode="prefill")),
-     "runs one worker per process"),
-    (lambda: ServerArgs(log_level="trace"), "--log-level must be one of"),
-])
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: ModelArgs(dtype="float64"), "--dtype must be one of auto, float32, bfloat16, float16"),
+        (lambda: ModelArgs(load_format="gguf"), "--load-format must be one of auto, safetensors"),
+        (lambda: CacheArgs(page_size=0), "page_size must be >= 1"),
+        (lambda: CacheArgs(memory_fraction=1.5), "kv_cache_memory_fraction must be in"),
+        (lambda: CacheArgs(dtype="int4"), "--kv-cache-dtype must be one of"),
+        (lambda: SchedulerArgs(max_running_requests=0), "max_running_requests must be >= 1"),
+        (lambda: SchedulerArgs(policy="random"), "--schedule-policy must be one of lpm, fcfs"),
+        (lambda: ParallelArgs(num_threads=0), "num_threads must be >= 1"),
+        (lambda: SpecArgs(algorithm="draft"), "needs --speculative-draft-model-path"),
+        (lambda: SpecArgs(token_map="/m.pt"), "applies to --speculative-algorithm draft only"),
+        (lambda: SpecArgs(ngram_min_match=5), "speculative_ngram_min_match <= speculative_ngram_max_match"),
+        (lambda: GrammarArgs(max_pending=0), "grammar_max_pending must be >= 1"),
+        (lambda: GrammarArgs(backend="regex"), "--grammar-backend must be one of"),
+        (lambda: HttpArgs(health_heartbeat_timeout_s=1), "health_heartbeat_timeout_s must be >= 2"),
+        (lambda: HttpArgs(metrics_port=70000), "metrics_port must be a TCP port"),
+        (lambda: HttpArgs(reasoning_parser="o1"), "--reasoning-parser must be one of qwen3, deepseek-r1"),
+        (lambda: DisaggArgs(mode="decode"), "--disaggregation-prefill-peers"),
+        (lambda: DisaggArgs(mode="prefill", timeout_s=0), "disaggregation_timeout_s must be > 0"),
+        (lambda: RouterArgs(policy="nearest"), "--router-policy must be one of"),
+        (
+            lambda: ServerArgs(parallel=ParallelArgs(tp_size=2), disagg=DisaggArgs(mode="prefill")),
+            "runs one worker per process",
+        ),
+        (lambda: ServerArgs(log_level="trace"), "--log-level must be one of"),
+    ],
+)
 def test_each_section_validates_itself(build, message):
     with pytest.raises(ValueError, match=message):
         build()
@@ -163,18 +255,28 @@ def test_sections_are_frozen():
 
 
 def test_a_child_spec_round_trips_through_json():
-    args = ServerArgs.from_flags(model_path="/m", kv_cache_dtype="fp8", tp_size=2, speculative_algorithm="ngram",
-                                 tool_call_parser="qwen25", log_level="debug")
-    spec = ChildSpec(args=args, model_path="/m", tokenizer_path="/m", endpoints={"scheduler": "ipc:///s"},
-                     heartbeat="/h")
+    args = ServerArgs.from_flags(
+        model_path="/m",
+        kv_cache_dtype="fp8",
+        tp_size=2,
+        speculative_algorithm="ngram",
+        tool_call_parser="qwen25",
+        log_level="debug",
+    )
+    spec = ChildSpec(
+        args=args, model_path="/m", tokenizer_path="/m", endpoints={"scheduler": "ipc:///s"}, heartbeat="/h"
+    )
     decoded = msgspec.json.decode(msgspec.json.encode(spec), type=ChildSpec)
     assert decoded.args == args and decoded.args.cache.dtype == "fp8"
 
 
-@pytest.mark.parametrize(("good", "bad", "message"), [
-    ('"page_size":1', '"page_size":0', "page_size must be >= 1"),
-    ('"dtype":"fp8"', '"dtype":"fp9"', "Invalid enum value 'fp9'"),
-])
+@pytest.mark.parametrize(
+    ("good", "bad", "message"),
+    [
+        ('"page_size":1', '"page_size":0', "page_size must be >= 1"),
+        ('"dtype":"fp8"', '"dtype":"fp9"', "Invalid enum value 'fp9'"),
+    ],
+)
 def test_json_with_bad_values_is_refused_by_its_section(good, bad, message):
     raw = msgspec.json.encode(ServerArgs.from_flags(kv_cache_dtype="fp8")).decode()
     assert good in raw

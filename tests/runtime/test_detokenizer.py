@@ -33,8 +33,9 @@ def tokenizer(request, tiny_model):
     return LlamaTokenizer.from_pretrained(LLAMA2)
 
 
-def stream(detok: IncrementalDetokenizer, ids: list[int], stop: list[str], last_reason: FinishReason | None = None,
-           **options) -> tuple[list[str], FinishReason | None]:
+def stream(
+    detok: IncrementalDetokenizer, ids: list[int], stop: list[str], last_reason: FinishReason | None = None, **options
+) -> tuple[list[str], FinishReason | None]:
     deltas, reason = [], None
     output = OutputOptions(stop=stop, **options)
     for i, tok in enumerate(ids):
@@ -83,8 +84,14 @@ def test_special_tokens_are_kept_only_when_asked_and_a_stop_token_is_trimmed(tin
     assert "".join(kept) == "a<|endoftext|> b"  # the final stop token is trimmed, the inner one kept
     skipped, _ = stream(IncrementalDetokenizer(tokenizer), ids, [], FinishStop(matched=eos))
     assert "".join(skipped) == "a b"
-    untrimmed, _ = stream(IncrementalDetokenizer(tokenizer), ids, [], FinishStop(matched=eos),
-                          skip_special_tokens=False, no_stop_trim=True)
+    untrimmed, _ = stream(
+        IncrementalDetokenizer(tokenizer),
+        ids,
+        [],
+        FinishStop(matched=eos),
+        skip_special_tokens=False,
+        no_stop_trim=True,
+    )
     assert "".join(untrimmed) == "a<|endoftext|> b<|endoftext|>"
 
 
@@ -97,8 +104,16 @@ def test_a_catastrophic_stop_regex_on_a_long_forced_output_stays_linear(tiny_mod
     detok = IncrementalDetokenizer(tokenizer)
     started = time.perf_counter()
     for i in range(4000):
-        outs, stopped = detok.feed([ReqOut(rid="r", new_ids=pack_ids(a), output=output,
-                                           finish_reason=FinishLength(length=i + 1) if i == 3999 else None)])
+        outs, stopped = detok.feed(
+            [
+                ReqOut(
+                    rid="r",
+                    new_ids=pack_ids(a),
+                    output=output,
+                    finish_reason=FinishLength(length=i + 1) if i == 3999 else None,
+                )
+            ]
+        )
         assert not stopped
     assert time.perf_counter() - started < 2.0
     assert outs[0].finish_reason == FinishLength(length=4000)

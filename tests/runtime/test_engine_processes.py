@@ -44,8 +44,9 @@ def test_shutdown_leaves_no_processes_or_socket_files(tiny_model):
 def test_killed_scheduler_fails_requests_and_stops_the_engine(tiny_model):
     engine = Engine(str(tiny_model("llama")), dtype="float32")
     pids = engine.children.pids()
-    stream = engine.generate(input_ids=list(range(10, 50)),
-                             sampling_params={"max_new_tokens": 1500, "ignore_eos": True}, stream=True)
+    stream = engine.generate(
+        input_ids=list(range(10, 50)), sampling_params={"max_new_tokens": 1500, "ignore_eos": True}, stream=True
+    )
     next(stream)
     os.kill(pids["scheduler"], signal.SIGKILL)
     t0 = time.monotonic()

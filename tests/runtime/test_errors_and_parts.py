@@ -36,8 +36,9 @@ def test_unsupported_architecture_is_named(tmp_path):
 
 
 def test_cli_reports_bad_checkpoint_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "arbor", "demo", "--model-path", str(tmp_path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "arbor", "demo", "--model-path", str(tmp_path)], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no config.json" in proc.stderr
 
@@ -70,8 +71,9 @@ def test_transformers_loads_the_tiny_checkpoint_unchanged(tiny_model):
     tok = AutoTokenizer.from_pretrained(path)
     assert len(tok) == 50257 and tok.eos_token_id == 50256
     assert tok.decode(tok.encode("Hello, world")) == "Hello, world"
-    assert "<|assistant|>" in tok.apply_chat_template([{"role": "user", "content": "hi"}],
-                                                      tokenize=False, add_generation_prompt=True)
+    assert "<|assistant|>" in tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert type(AutoModelForCausalLM.from_pretrained(path)).__name__ == "Qwen3ForCausalLM"
 
 
@@ -109,7 +111,11 @@ def test_reserve_positions_maps_whole_pages_and_frees_them():
 def test_seeded_sampling_is_reproducible_and_filters_apply():
     logits = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0))
     greedy = logits.argmax(-1)
-    params = [SamplingParams(temperature=1.0, seed=7), SamplingParams(top_k=1), SamplingParams(top_k=5, temperature=2.0)]
+    params = [
+        SamplingParams(temperature=1.0, seed=7),
+        SamplingParams(top_k=1),
+        SamplingParams(top_k=5, temperature=2.0),
+    ]
     sb = SamplingBatch.build(params, [0, 0, 0], 1000, torch.device("cpu"))
     a, b = Sampler(1, torch.device("cpu"))(logits, sb), Sampler(2, torch.device("cpu"))(logits, sb)
     assert a[0] == b[0] and a[1] == greedy[1]

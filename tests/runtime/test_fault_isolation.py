@@ -16,8 +16,9 @@ from arbor.runtime.scheduler.scheduler import Scheduler
 
 
 def _req(rid: str, ids: list[int], n: int) -> TokenizedGenerateReq:
-    return TokenizedGenerateReq(rid=rid, input_ids=pack_ids(ids), sampling=SamplingParams(max_new_tokens=n,
-                                                                                           temperature=0))
+    return TokenizedGenerateReq(
+        rid=rid, input_ids=pack_ids(ids), sampling=SamplingParams(max_new_tokens=n, temperature=0)
+    )
 
 
 def _run(sched: Scheduler, outs: list[ReqOut]) -> dict[str, ReqOut]:
@@ -68,8 +69,9 @@ def test_a_failing_forward_ends_only_its_batch(tiny_model):
 
 
 def test_a_failing_mixed_step_ends_its_prefill_and_decode_rows_and_serving_goes_on(tiny_model):
-    sched = Scheduler(ServerArgs.from_flags(device="cpu", attention_backend="torch", dtype="float32"),
-                      str(tiny_model("llama")))
+    sched = Scheduler(
+        ServerArgs.from_flags(device="cpu", attention_backend="torch", dtype="float32"), str(tiny_model("llama"))
+    )
     sched.add(_req("steady", [11, 12, 13, 14], 6))
     outs = sched.step()
     sched.add(_req("victim", [21, 22, 23], 4))

@@ -45,8 +45,12 @@ def test_token_map_is_checked(tmp_path) -> None:
     good = tmp_path / "good.pt"
     torch.save(torch.tensor([5, 2, 2, 9]), good)
     assert load_token_map(good, 10).tolist() == [2, 5, 9]
-    for name, value in {"range": torch.tensor([3, 10]), "float": torch.tensor([1.0]),
-                        "shape": torch.tensor([[1, 2]]), "empty": torch.tensor([], dtype=torch.int64)}.items():
+    for name, value in {
+        "range": torch.tensor([3, 10]),
+        "float": torch.tensor([1.0]),
+        "shape": torch.tensor([[1, 2]]),
+        "empty": torch.tensor([], dtype=torch.int64),
+    }.items():
         torch.save(value, tmp_path / f"{name}.pt")
         with pytest.raises(ValueError, match="token map"):
             load_token_map(tmp_path / f"{name}.pt", 10)

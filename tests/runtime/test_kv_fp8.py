@@ -30,8 +30,9 @@ def test_fp8_cache_holds_twice_the_tokens(tiny_model, monkeypatch) -> None:
     """The same memory budget: float8 slots are half the bytes of bf16 ones."""
     monkeypatch.setattr(runner_module, "_free_memory_bytes", lambda device: 64 * 2**20)
     path = str(tiny_model("llama"))
-    sizes = {kv: ModelRunner(ModelArgs(dtype="bfloat16"), CacheArgs(dtype=kv), 512, path)
-             for kv in ("auto", "fp8_e4m3")}
+    sizes = {
+        kv: ModelRunner(ModelArgs(dtype="bfloat16"), CacheArgs(dtype=kv), 512, path) for kv in ("auto", "fp8_e4m3")
+    }
     bf16, fp8 = sizes["auto"], sizes["fp8_e4m3"]
     assert fp8.kv_pool.k[0].dtype == torch.float8_e4m3fn
     assert abs(fp8.allocator.total_slots - 2 * bf16.allocator.total_slots) <= 2
@@ -43,8 +44,12 @@ def _suffix_logprobs(path: str, kv: str, page_size: int) -> tuple[list[list[floa
     24 greedy tokens after each."""
     with Engine(path, dtype="float32", kv_cache_dtype=kv, page_size=page_size, max_total_tokens=4096) as engine:
         engine.generate(input_ids=PROMPT, sampling_params={"max_new_tokens": 0})  # cache the prompt
-        outs = engine.generate(input_ids=[PROMPT + s for s in SUFFIXES], return_logprob=True,
-                               logprob_start_len=len(PROMPT), sampling_params={"max_new_tokens": 24, "temperature": 0})
+        outs = engine.generate(
+            input_ids=[PROMPT + s for s in SUFFIXES],
+            return_logprob=True,
+            logprob_start_len=len(PROMPT),
+            sampling_params={"max_new_tokens": 24, "temperature": 0},
+        )
         stats = engine.stats()
     lps = [[e[0] for e in o["meta_info"]["input_token_logprobs"][1:]] for o in outs]
     return lps, [o["output_ids"] for o in outs], stats

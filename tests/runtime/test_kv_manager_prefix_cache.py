@@ -30,7 +30,11 @@ def _run(kv: KVManager, rid: str, prompt: list[int]) -> Req:
 @pytest.mark.parametrize("disabled", [False, True], ids=["radix", "null"])
 def test_slot_invariant_holds_and_prefixes_are_shared_only_with_a_cache(disabled: bool):
     allocator = PageAllocator(256, PAGE)
-    kv = KVManager(allocator, ReqToTokenPool(4, 64, torch.device("cpu"), PAGE), make_prefix_cache(CacheArgs(page_size=PAGE, disable_radix_cache=disabled)))
+    kv = KVManager(
+        allocator,
+        ReqToTokenPool(4, 64, torch.device("cpu"), PAGE),
+        make_prefix_cache(CacheArgs(page_size=PAGE, disable_radix_cache=disabled)),
+    )
     prompt = list(range(1, 19))  # 18 tokens: four whole pages and a tail
     first = _run(kv, "a", prompt)
     second = _run(kv, "b", prompt)

@@ -16,8 +16,14 @@ from arbor.runtime.scheduler.scheduler import Scheduler
 
 def _serve(model: str, mixed: bool, page_size: int) -> tuple[dict[str, list[int]], list[str]]:
     """Staggered arrivals (one new request every other step); tokens per rid and the modes."""
-    args = ServerArgs.from_flags(device="cpu", attention_backend="torch", dtype="float32", enable_mixed_chunk=mixed,
-                      chunked_prefill_size=48, page_size=page_size)
+    args = ServerArgs.from_flags(
+        device="cpu",
+        attention_backend="torch",
+        dtype="float32",
+        enable_mixed_chunk=mixed,
+        chunked_prefill_size=48,
+        page_size=page_size,
+    )
     sched = Scheduler(args, model)
     modes: list[str] = []
     forward = sched.runner.forward
@@ -34,8 +40,13 @@ def _serve(model: str, mixed: bool, page_size: int) -> tuple[dict[str, list[int]
     while prompts or sched.has_work:
         if prompts and step % 2 == 0:
             ids = prompts.pop()
-            sched.add(TokenizedGenerateReq(rid=f"r{len(prompts)}", input_ids=pack_ids(ids), sampling=SamplingParams(
-                max_new_tokens=12, temperature=0, ignore_eos=True)))
+            sched.add(
+                TokenizedGenerateReq(
+                    rid=f"r{len(prompts)}",
+                    input_ids=pack_ids(ids),
+                    sampling=SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True),
+                )
+            )
         for out in sched.step():
             tokens.setdefault(out.rid, []).extend(unpack_ids(out.new_ids).tolist())
         step += 1

@@ -29,8 +29,12 @@ from arbor.runtime.model.runner import ModelRunner
 from arbor.runtime.model.weights import open_weights
 
 # A tiny checkpoint (tests/conftest.py) for every registered architecture.
-CHECKPOINTS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-               "Qwen3ForCausalLM": "qwen3"}
+CHECKPOINTS = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 CPU = torch.device("cpu")
 
 
@@ -113,8 +117,9 @@ def test_forward_gives_full_vocabulary_logits(checkpoint: Path) -> None:
     prompt = [5, 17, 99, 3, 250]
     rows = [runner.req_to_token.alloc()]
     loc = reserve_positions(runner.req_to_token, runner.allocator, rows, [0], [len(prompt)])
-    batch = ForwardBatch.build(ForwardMode.EXTEND, [prompt], [0], rows, loc, runner.req_to_token.table,
-                               return_all_logits=True)
+    batch = ForwardBatch.build(
+        ForwardMode.EXTEND, [prompt], [0], rows, loc, runner.req_to_token.table, return_all_logits=True
+    )
     out = runner.forward(batch)
     assert out.all_logits is not None
     assert out.all_logits.shape == (len(prompt), runner.config.vocab_size)

@@ -28,8 +28,9 @@ def _extend(runner, prompts, prefix_lens, rows, all_logits=True):
     new = [p[k:] for p, k in zip(prompts, prefix_lens)]
     ends = [len(p) for p in prompts]
     loc = reserve_positions(runner.req_to_token, runner.allocator, rows, list(prefix_lens), ends)
-    batch = ForwardBatch.build(ForwardMode.EXTEND, new, list(prefix_lens), rows, loc,
-                               runner.req_to_token.table, return_all_logits=all_logits)
+    batch = ForwardBatch.build(
+        ForwardMode.EXTEND, new, list(prefix_lens), rows, loc, runner.req_to_token.table, return_all_logits=all_logits
+    )
     return runner.forward(batch)
 
 
@@ -45,7 +46,7 @@ def test_prefill_logits_match_transformers(tiny_model, name):
     with torch.no_grad():
         for p in prompts:
             ref = hf(torch.tensor([p])).logits[0]
-            ours = out.all_logits[offset:offset + len(p)]
+            ours = out.all_logits[offset : offset + len(p)]
             offset += len(p)
             assert (ref - ours).abs().max().item() < ATOL
             assert ref.abs().max() > 0.5  # the comparison is not between near-zero logits
@@ -54,7 +55,9 @@ def test_prefill_logits_match_transformers(tiny_model, name):
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_extend_from_cached_prefix_equals_full_prefill(tiny_model, page_size):
     path = tiny_model("llama")
-    runner = ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=4096, page_size=page_size), 64, str(path))
+    runner = ModelRunner(
+        ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=4096, page_size=page_size), 64, str(path)
+    )
     prompts = _prompts([40, 37], seed=1)
     full = _extend(runner, prompts, [0, 0], [runner.req_to_token.alloc() for _ in prompts])
     # Second copy: prefill a page-aligned prefix first, then extend the rest from the pool.
@@ -65,15 +68,17 @@ def test_extend_from_cached_prefix_equals_full_prefill(tiny_model, page_size):
     offset_full = [0, 40]
     offset_rest = [0, 40 - 16]
     for i, (p, k) in enumerate(zip(prompts, prefix)):
-        a = full.all_logits[offset_full[i] + k: offset_full[i] + len(p)]
-        b = rest.all_logits[offset_rest[i]: offset_rest[i] + len(p) - k]
+        a = full.all_logits[offset_full[i] + k : offset_full[i] + len(p)]
+        b = rest.all_logits[offset_rest[i] : offset_rest[i] + len(p) - k]
         assert (a - b).abs().max().item() < ATOL
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_decode_across_page_boundaries_matches_transformers(tiny_model, page_size):
     path = tiny_model("qwen2")
-    runner = ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=4096, page_size=page_size), 64, str(path))
+    runner = ModelRunner(
+        ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=4096, page_size=page_size), 64, str(path)
+    )
     hf = _hf(path)
     prompts = _prompts([13, 16, 3], seed=2)
     rows = [runner.req_to_token.alloc() for _ in prompts]
@@ -85,8 +90,9 @@ def test_decode_across_page_boundaries_matches_transformers(tiny_model, page_siz
         for s, t in zip(seqs, nxt):
             s.append(t)
         loc = reserve_positions(runner.req_to_token, runner.allocator, rows, starts, [n + 1 for n in starts])
-        batch = ForwardBatch.build(ForwardMode.DECODE, [[s[-1]] for s in seqs], starts, rows, loc,
-                                   runner.req_to_token.table)
+        batch = ForwardBatch.build(
+            ForwardMode.DECODE, [[s[-1]] for s in seqs], starts, rows, loc, runner.req_to_token.table
+        )
         out = runner.forward(batch)
     with torch.no_grad():
         for i, s in enumerate(seqs):
@@ -99,9 +105,11 @@ def test_batched_greedy_equals_transformers_generate(tiny_model):
     hf = _hf(path)
     prompts = _prompts([3, 11, 25, 60, 8], seed=3)
     with Engine(str(path), dtype="float32") as engine:
-        outs = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True})
+        outs = engine.generate(
+            input_ids=prompts, sampling_params={"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+        )
     for p, out in zip(prompts, outs):
         ref = hf.generate(torch.tensor([p]), max_new_tokens=32, min_new_tokens=32, do_sample=False)
-        assert out["output_ids"] == ref[0, len(p):].tolist()
+        assert out["output_ids"] == ref[0, len(p) :].tolist()
         assert out["meta_info"]["completion_tokens"] == 32
         assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 32}

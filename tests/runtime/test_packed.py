@@ -33,8 +33,13 @@ def _generate(model: str, monkeypatch: pytest.MonkeyPatch, packed: bool) -> list
     monkeypatch.setattr(runner, "can_pack", lambda *a: packed)
     sched = Scheduler(ServerArgs.from_flags(device="cpu", dtype="bfloat16"), model)
     for i, prompt in enumerate([[5, 6, 7], list(range(10, 60)), [300] * 9]):
-        sched.add(TokenizedGenerateReq(rid=str(i), input_ids=pack_ids(prompt), sampling=SamplingParams(
-            max_new_tokens=10, temperature=0, ignore_eos=True)))
+        sched.add(
+            TokenizedGenerateReq(
+                rid=str(i),
+                input_ids=pack_ids(prompt),
+                sampling=SamplingParams(max_new_tokens=10, temperature=0, ignore_eos=True),
+            )
+        )
     tokens: dict[str, list[int]] = {}
     while sched.has_work:
         for out in sched.step():

@@ -49,8 +49,9 @@ def test_merged_column_parallel_ranks_hold_their_block_of_each_part() -> None:
     tensors = {("weight", 0): _rand(10, 8), ("weight", 1): _rand(10, 8)}
     x = _rand(3, 8)
     whole = _loaded(MergedColumnParallelLinear(8, [10, 10], False, SINGLE), tensors)(x)
-    gate, up = zip(*(_loaded(MergedColumnParallelLinear(8, [10, 10], False, tp), tensors)(x).split(5, -1)
-                     for tp in RANKS))
+    gate, up = zip(
+        *(_loaded(MergedColumnParallelLinear(8, [10, 10], False, tp), tensors)(x).split(5, -1) for tp in RANKS)
+    )
     torch.testing.assert_close(torch.cat([*gate, *up], -1), whole)
 
 
@@ -61,10 +62,13 @@ def test_qkv_parallel_ranks_hold_their_heads(kv_heads: int) -> None:
     tensors |= {("bias", s): _rand(n * hd) for s, n in zip("qkv", (heads, kv_heads, kv_heads))}
     x = _rand(2, 8)
     q, k, v = _loaded(QKVParallelLinear(8, hd, heads, kv_heads, True, SINGLE), tensors)(x).split(
-        [heads * hd, kv_heads * hd, kv_heads * hd], -1)
+        [heads * hd, kv_heads * hd, kv_heads * hd], -1
+    )
     kv = max(kv_heads // 2, 1) * hd
-    ranks = [_loaded(QKVParallelLinear(8, hd, heads, kv_heads, True, tp), tensors)(x).split([2 * hd, kv, kv], -1)
-             for tp in RANKS]
+    ranks = [
+        _loaded(QKVParallelLinear(8, hd, heads, kv_heads, True, tp), tensors)(x).split([2 * hd, kv, kv], -1)
+        for tp in RANKS
+    ]
     torch.testing.assert_close(torch.cat([r[0] for r in ranks], -1), q)
     for i, whole in ((1, k), (2, v)):
         got = ranks[0][i] if kv_heads == 1 else torch.cat([r[i] for r in ranks], -1)
@@ -79,7 +83,7 @@ def test_row_parallel_partial_products_sum_to_the_output() -> None:
     whole = _loaded(RowParallelLinear(12, 6, SINGLE), tensors)(x)
     layers = [_loaded(RowParallelLinear(12, 6, tp), tensors) for tp in RANKS]
     # each rank's matmul over its columns of x, before the all-reduce that RowParallelLinear adds
-    partial = [ParallelLinear.forward(layer, x[:, 6 * r:6 * (r + 1)]) for r, layer in enumerate(layers)]
+    partial = [ParallelLinear.forward(layer, x[:, 6 * r : 6 * (r + 1)]) for r, layer in enumerate(layers)]
     torch.testing.assert_close(partial[0] + partial[1], whole)
 
 

@@ -31,8 +31,11 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "quant"
 WEIGHT_ONLY = ["w8a16", "w4a16", "w4a16-asym", "w4a16-head", "awq", "gptq", "gptq8"]
 INT4 = {"w4a16", "w4a16-asym", "w4a16-head", "awq", "gptq"}
 # the tool's own dequantized weights, written beside checkpoints that transformers cannot load here
-ORACLES = {"awq": "dequantized_by_autoawq.safetensors", "gptq": "dequantized_by_inc.safetensors",
-           "gptq8": "dequantized_by_inc.safetensors"}
+ORACLES = {
+    "awq": "dequantized_by_autoawq.safetensors",
+    "gptq": "dequantized_by_inc.safetensors",
+    "gptq8": "dequantized_by_inc.safetensors",
+}
 WITH_ACTIVATIONS = ["w8a8", "fp8"]  # activations quantized per token: a looser match to the float model
 PACKED_KEYS = (".qweight", ".qzeros", ".scales", ".g_idx", ".bias", ".scale_bf16_to_fp8")
 PROMPTS = [[5, 17, 99, 3, 250, 8, 8, 41], [7] * 3, list(range(30, 90))]
@@ -43,7 +46,8 @@ def _hf(path: Path):
     for AutoAWQ's and GPTQ's layouts, the weights the quantizer itself dequantized (`ORACLES`)."""
     if path.name not in ORACLES:
         return AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
+            path, dtype=torch.float32, quantization_config=CompressedTensorsConfig(run_compressed=False)
+        ).eval()
     config = AutoConfig.from_pretrained(path)
     del config.quantization_config
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -58,8 +62,9 @@ def _logits(runner: ModelRunner, prompts: list[list[int]]) -> list[torch.Tensor]
     rows = [runner.req_to_token.alloc() for _ in prompts]
     ends = [len(p) for p in prompts]
     loc = reserve_positions(runner.req_to_token, runner.allocator, rows, [0] * len(prompts), ends)
-    batch = ForwardBatch.build(ForwardMode.EXTEND, prompts, [0] * len(prompts), rows, loc,
-                               runner.req_to_token.table, return_all_logits=True)
+    batch = ForwardBatch.build(
+        ForwardMode.EXTEND, prompts, [0] * len(prompts), rows, loc, runner.req_to_token.table, return_all_logits=True
+    )
     out = runner.forward(batch).all_logits.float()
     return list(out.split(ends))
 
@@ -146,7 +151,7 @@ def test_greedy_is_stable_and_weights_shrink(tmp_path: Path, name: str) -> None:
         hf = _hf(DATA / name)
         for prompt, out in zip(PROMPTS, alone):
             ids = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12)
-            assert ids[0, len(prompt):].tolist() == out
+            assert ids[0, len(prompt) :].tolist() == out
     runner = _runner(name)
     layers = [m for m in runner.model.modules() if isinstance(m, QuantLinear)]
     dense = sum(4 * m.in_features * m.out_features for m in layers)  # what fp32 would take
@@ -177,7 +182,7 @@ def test_awq_decodes_to_what_autoawq_dequantizes() -> None:
             continue
         ours = layer.weight.dequantize()
         for hf, lo, rows in model.linear_parts(name):
-            assert torch.equal(ours[lo:lo + rows], want[hf + ".weight"]), hf
+            assert torch.equal(ours[lo : lo + rows], want[hf + ".weight"]), hf
 
 
 @pytest.mark.parametrize("name", ["gptq", "gptq8"])
@@ -194,11 +199,13 @@ def test_gptq_decodes_to_what_inc_dequantizes(name: str) -> None:
         assert (layer.weight.perm is not None) == (name == "gptq")  # act-order sorts the columns by group
         ours = layer.weight.dequantize()
         for hf, lo, rows in model.linear_parts(layer_name):
-            torch.testing.assert_close(ours[lo:lo + rows], want[hf + ".weight"], rtol=2**-10, atol=1e-7, msg=hf)
+            torch.testing.assert_close(ours[lo : lo + rows], want[hf + ".weight"], rtol=2**-10, atol=1e-7, msg=hf)
     assert layers == 2 * 4  # qkv, o, gate_up, down in each of 2 layers
 
 
-@pytest.mark.parametrize(("name", "key", "value"), [("gptq", "checkpoint_format", "marlin"), ("awq", "version", "gemv")])
+@pytest.mark.parametrize(
+    ("name", "key", "value"), [("gptq", "checkpoint_format", "marlin"), ("awq", "version", "gemv")]
+)
 def test_gptq_and_awq_layouts_arbor_lacks_are_refused(tmp_path: Path, name: str, key: str, value: str) -> None:
     """GPTQ formats other than v1 and v2, AWQ versions other than GEMM: refused by name."""
     path = tmp_path / "model"
@@ -219,17 +226,24 @@ def _with_quant(tmp_path: Path, edit) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("edit", "named"), [
-    (lambda q: q.update(quant_method="hqq"), "'hqq'"),
-    (lambda q: q.update(quant_method="gptq", bits=3, group_size=64), "3-bit GPTQ"),
-    (lambda q: q["config_groups"]["group_0"].update(format="marlin-24"), "'marlin-24'"),
-    (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=3), "3-bit"),
-    (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block"), "'block'"),
-    (lambda q: q.update(sparsity_config={"format": "sparse-24-bitmask"}), "sparsity_config"),
-    (lambda q: q.update(kv_cache_scheme={"num_bits": 8, "type": "float"}), "kv_cache_scheme"),
-    (lambda q: q["config_groups"]["group_0"].update(input_activations={
-        "num_bits": 8, "type": "int", "dynamic": False, "strategy": "tensor"}), "input activations"),
-])
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda q: q.update(quant_method="hqq"), "'hqq'"),
+        (lambda q: q.update(quant_method="gptq", bits=3, group_size=64), "3-bit GPTQ"),
+        (lambda q: q["config_groups"]["group_0"].update(format="marlin-24"), "'marlin-24'"),
+        (lambda q: q["config_groups"]["group_0"]["weights"].update(num_bits=3), "3-bit"),
+        (lambda q: q["config_groups"]["group_0"]["weights"].update(strategy="block"), "'block'"),
+        (lambda q: q.update(sparsity_config={"format": "sparse-24-bitmask"}), "sparsity_config"),
+        (lambda q: q.update(kv_cache_scheme={"num_bits": 8, "type": "float"}), "kv_cache_scheme"),
+        (
+            lambda q: q["config_groups"]["group_0"].update(
+                input_activations={"num_bits": 8, "type": "int", "dynamic": False, "strategy": "tensor"}
+            ),
+            "input activations",
+        ),
+    ],
+)
 def test_unsupported_schemes_are_refused_by_name(tmp_path: Path, edit, named: str) -> None:
     with pytest.raises(CheckpointError, match="not supported") as err:
         ModelConfig.from_dir(_with_quant(tmp_path, edit))

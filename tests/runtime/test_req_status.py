@@ -42,9 +42,7 @@ def test_statuses_follow_prefill_chunks_decode_retraction_and_finish(tiny_model)
     # A pool too small for all three at once (admission expects each to need 70% of its
     # tokens), so decoding runs out of KV and retracts; a long prompt is chunked.
     sched = _scheduler(str(tiny_model("llama")), max_total_tokens=100, chunked_prefill_size=16)
-    reqs = [
-        r for i in range(3) for r in _add(sched, f"r{i}", [100 + 10 * i + j for j in range(10)], 30)
-    ]
+    reqs = [r for i in range(3) for r in _add(sched, f"r{i}", [100 + 10 * i + j for j in range(10)], 30)]
     reqs += _add(sched, "long", list(range(200, 240)), 4)
     assert all(r.status is ReqStatus.WAITING for r in reqs)
     seen: dict[str, list[ReqStatus]] = {r.rid: [r.status] for r in reqs}
@@ -59,9 +57,7 @@ def test_statuses_follow_prefill_chunks_decode_retraction_and_finish(tiny_model)
     assert not sched.has_work and sched.check_invariant() is None
     assert sched.stats.retractions > 0
     retracted = [
-        rid
-        for rid, path in seen.items()
-        if path[:3] == [ReqStatus.WAITING, ReqStatus.RUNNING, ReqStatus.WAITING]
+        rid for rid, path in seen.items() if path[:3] == [ReqStatus.WAITING, ReqStatus.RUNNING, ReqStatus.WAITING]
     ]
     assert retracted and all(seen[rid][-1] is ReqStatus.FINISHED for rid in seen)
     assert ReqStatus.PREFILLING in seen["long"]

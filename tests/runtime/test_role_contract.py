@@ -16,8 +16,13 @@ MEMBERS = [name for name in vars(Role) if not name.startswith("_")] + list(Role.
 
 @pytest.mark.parametrize("side", [NullRole, PrefillSender, DecodeReceiver])
 def test_every_side_has_every_member_of_the_contract(side):
-    missing = [m for m in MEMBERS if m not in dir(side) and m not in inspect.signature(side.__init__).parameters
-               and "self." + m not in inspect.getsource(side.__init__)]
+    missing = [
+        m
+        for m in MEMBERS
+        if m not in dir(side)
+        and m not in inspect.signature(side.__init__).parameters
+        and "self." + m not in inspect.getsource(side.__init__)
+    ]
     assert missing == []
 
 

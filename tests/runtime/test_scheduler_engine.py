@@ -35,8 +35,7 @@ def engine(tiny_model):
 @pytest.fixture(scope="module")
 def reference(tiny_model):
     """The single-request path: one request at a time, no cache."""
-    with Engine(str(tiny_model("llama")), dtype="float32", max_running_requests=1,
-                disable_radix_cache=True) as e:
+    with Engine(str(tiny_model("llama")), dtype="float32", max_running_requests=1, disable_radix_cache=True) as e:
         yield e
 
 
@@ -104,13 +103,17 @@ def test_async_generate_from_another_event_loop(engine):
 
 def test_n_samples_share_one_prefill_and_differ(engine):
     prompt = list(range(1000, 1200))
-    outs = engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 8, "n": 4, "temperature": 1.0,
-                                                               "seed": 3, "ignore_eos": True})
+    outs = engine.generate(
+        input_ids=prompt,
+        sampling_params={"max_new_tokens": 8, "n": 4, "temperature": 1.0, "seed": 3, "ignore_eos": True},
+    )
     assert len(outs) == 4 and [o["index"] for o in outs] == [0, 1, 2, 3]
     assert sorted(o["meta_info"]["cached_tokens"] for o in outs) == [0, 199, 199, 199]
     assert len({tuple(o["output_ids"]) for o in outs}) > 1
-    again = engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 8, "n": 4, "temperature": 1.0,
-                                                                "seed": 3, "ignore_eos": True})
+    again = engine.generate(
+        input_ids=prompt,
+        sampling_params={"max_new_tokens": 8, "n": 4, "temperature": 1.0, "seed": 3, "ignore_eos": True},
+    )
     assert [o["output_ids"] for o in again] == [o["output_ids"] for o in outs]  # seeds reproduce
 
 
@@ -127,11 +130,17 @@ def test_stop_string_trims_the_text_and_ends_the_request(engine):
 def test_stop_token_ids_and_min_new_tokens(engine):
     base = engine.generate(input_ids=[11, 12, 13], sampling_params=greedy(10))["output_ids"]
     stop_tok = base[2]
-    early = engine.generate(input_ids=[11, 12, 13],
-                            sampling_params={"max_new_tokens": 10, "temperature": 0, "stop_token_ids": [stop_tok]})
-    assert early["output_ids"] == base[:3] and early["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_tok}
-    held = engine.generate(input_ids=[11, 12, 13], sampling_params={
-        "max_new_tokens": 10, "temperature": 0, "stop_token_ids": [stop_tok], "min_new_tokens": 6})
+    early = engine.generate(
+        input_ids=[11, 12, 13], sampling_params={"max_new_tokens": 10, "temperature": 0, "stop_token_ids": [stop_tok]}
+    )
+    assert early["output_ids"] == base[:3] and early["meta_info"]["finish_reason"] == {
+        "type": "stop",
+        "matched": stop_tok,
+    }
+    held = engine.generate(
+        input_ids=[11, 12, 13],
+        sampling_params={"max_new_tokens": 10, "temperature": 0, "stop_token_ids": [stop_tok], "min_new_tokens": 6},
+    )
     assert len(held["output_ids"]) >= 6 and stop_tok not in held["output_ids"][:6]
 
 
@@ -159,8 +168,11 @@ def test_abort_frees_kv_at_once(engine):
     assert after["decode_steps"] - before["decode_steps"] < 200
 
     results = []
-    worker = threading.Thread(target=lambda: results.append(engine.generate(
-        input_ids=list(range(500, 520)), sampling_params=greedy(1500), rid="to-abort")))
+    worker = threading.Thread(
+        target=lambda: results.append(
+            engine.generate(input_ids=list(range(500, 520)), sampling_params=greedy(1500), rid="to-abort")
+        )
+    )
     worker.start()
     time.sleep(1.0)
     engine.abort("to-abort")
@@ -225,8 +237,14 @@ def test_prompt_logprobs_match_transformers_and_survive_cache_hits(engine, tiny_
         ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0], -1)
     expected = [ref[p - 1, prompt[p]].item() for p in range(1, len(prompt))]
     for start in (0, 25, 25):  # the third call finds the prompt cached, yet must compute from 24 on
-        out = engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                              logprob_start_len=start, top_logprobs_num=3, return_text_in_logprobs=True)
+        out = engine.generate(
+            input_ids=prompt,
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=start,
+            top_logprobs_num=3,
+            return_text_in_logprobs=True,
+        )
         meta = out["meta_info"]
         assert out["output_ids"] == [] and meta["finish_reason"] == {"type": "length", "length": 0}
         entries = meta["input_token_logprobs"]

@@ -82,8 +82,10 @@ def test_greedy_outputs_equal_without_speculation(tiny_model, algorithm: str, pa
     tokens and logprobs: spec on == spec off, token for token, and no slot leaks. The draft
     (the target's own checkpoint, so guesses hold) prefills its shadows through its own tree."""
     prompts = [*REPEATED, REPEATED[0][:30] + [7, 8, 9] * 10, REPEATED[1] * 2]
-    params = [{"max_new_tokens": 48 - 4 * i, "temperature": 0, "stop_token_ids": [11] if i == 2 else []}
-              for i in range(len(prompts))]
+    params = [
+        {"max_new_tokens": 48 - 4 * i, "temperature": 0, "stop_token_ids": [11] if i == 2 else []}
+        for i in range(len(prompts))
+    ]
     common = {"page_size": page_size, "chunked_prefill_size": 64, "max_total_tokens": 4096}
     path = tiny_model("llama")
     base, _ = _generate(path, prompts, params, **common)
@@ -133,8 +135,15 @@ def test_draft_model_greedy_equal_and_no_leak(tiny_model, tmp_path, draft: str) 
         picked = sorted({t for o in base for t in o["output_ids"]})
         torch.save(torch.tensor([*picked, 1, 2, 3]), tmp_path / "map.pt")
         extra = {"speculative_token_map": str(tmp_path / "map.pt")}
-    spec, stats = _generate(path, prompts, params, speculative_algorithm="draft",
-                            speculative_draft_model_path=str(draft_path), **common, **extra)
+    spec, stats = _generate(
+        path,
+        prompts,
+        params,
+        speculative_algorithm="draft",
+        speculative_draft_model_path=str(draft_path),
+        **common,
+        **extra,
+    )
     assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in base]
     assert stats["spec_request_steps"] > 0 and stats["invariant_ok"] == 1.0
     if draft != "other":
@@ -147,8 +156,10 @@ CONSTRAINED = [
     {"regex": r'\{"id": [0-9]{1,3}, "tags": \["(ab|cd|ef)"(, "(ab|cd|ef)"){8}\]\}'},
     {"regex": r"(yes|no)( (yes|no)){20}"},
     {"choices": ["alpha beta gamma", "alpha beta delta", "omega"]},
-    {"json_schema": '{"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},'
-                    ' "maxItems": 6}, "b": {"enum": ["x", "y"]}}, "required": ["a", "b"]}'},
+    {
+        "json_schema": '{"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"},'
+        ' "maxItems": 6}, "b": {"enum": ["x", "y"]}}, "required": ["a", "b"]}'
+    },
 ]
 EDITED = [
     {"frequency_penalty": 0.1, "presence_penalty": 0.05},  # mild: the random model still repeats
@@ -165,8 +176,15 @@ def test_greedy_equal_with_grammar_penalties_and_stop_strings(tiny_model, tmp_pa
     With a token map, constrained rows spread the draft's hot logits over the vocabulary
     before their masks; unconstrained rows pick from the hot columns."""
     path = tiny_model("llama")
-    prompts = ["Return the record: " * 3, "yes no yes no yes no", "Pick one:", "JSON please " * 4,
-               "repeat repeat repeat", "repeat repeat repeat", "the cat and the dog and the cat"]
+    prompts = [
+        "Return the record: " * 3,
+        "yes no yes no yes no",
+        "Pick one:",
+        "JSON please " * 4,
+        "repeat repeat repeat",
+        "repeat repeat repeat",
+        "the cat and the dog and the cat",
+    ]
     params = [{**p, "temperature": 0, "max_new_tokens": 48} for p in CONSTRAINED + EDITED]
     common = {"max_total_tokens": 4096, "page_size": 16}
     with Engine(str(path), dtype="float32", **common) as e:
@@ -194,8 +212,14 @@ def test_n_samples_streaming_and_abort_with_speculation(tiny_model) -> None:
     sampled = {"temperature": 0.8, "seed": 5, "n": 3, "max_new_tokens": 32, "ignore_eos": True}
     with Engine(str(path), dtype="float32", max_total_tokens=2048, page_size=16) as e:
         plain = e.generate(input_ids=REPEATED[0], sampling_params=sampled)
-    with Engine(str(path), dtype="float32", speculative_algorithm="draft", speculative_draft_model_path=str(path),
-                max_total_tokens=2048, page_size=16) as e:
+    with Engine(
+        str(path),
+        dtype="float32",
+        speculative_algorithm="draft",
+        speculative_draft_model_path=str(path),
+        max_total_tokens=2048,
+        page_size=16,
+    ) as e:
         first = e.generate(input_ids=REPEATED[0], sampling_params=sampled)
         again = e.generate(input_ids=REPEATED[0], sampling_params=sampled)  # cache hits: the same samples
         assert [o["output_ids"] for o in first] == [o["output_ids"] for o in plain]
@@ -210,8 +234,11 @@ def test_n_samples_streaming_and_abort_with_speculation(tiny_model) -> None:
         assert chunks[-1]["text"] == whole["text"]
         assert chunks[-1]["meta_info"]["spec_verify_ct"] > 0
 
-        stream = e.generate(input_ids=REPEATED[2], sampling_params={"temperature": 0, "max_new_tokens": 1000,
-                                                                    "ignore_eos": True}, stream=True)
+        stream = e.generate(
+            input_ids=REPEATED[2],
+            sampling_params={"temperature": 0, "max_new_tokens": 1000, "ignore_eos": True},
+            stream=True,
+        )
         next(stream)
         stream.close()  # the caller goes away: the request is aborted
         stats = e.stats()

@@ -32,8 +32,9 @@ def _logits(runner: ModelRunner) -> torch.Tensor:
     rows = [runner.req_to_token.alloc() for _ in PROMPTS]
     ends = [len(p) for p in PROMPTS]
     loc = reserve_positions(runner.req_to_token, runner.allocator, rows, [0] * len(PROMPTS), ends)
-    batch = ForwardBatch.build(ForwardMode.EXTEND, PROMPTS, [0] * len(PROMPTS), rows, loc,
-                               runner.req_to_token.table, return_all_logits=True)
+    batch = ForwardBatch.build(
+        ForwardMode.EXTEND, PROMPTS, [0] * len(PROMPTS), rows, loc, runner.req_to_token.table, return_all_logits=True
+    )
     return runner.forward(batch).all_logits.float()
 
 
@@ -42,8 +43,14 @@ def _rank(rank: int, size: int, port: int, path: str, out: str, backend: str) ->
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=size)
     try:
-        runner = ModelRunner(ModelArgs(dtype="float32", attention_backend=backend), CacheArgs(max_total_tokens=SLOTS), 64,
-                             path, tp=TensorParallel(rank, size), num_slots=SLOTS)
+        runner = ModelRunner(
+            ModelArgs(dtype="float32", attention_backend=backend),
+            CacheArgs(max_total_tokens=SLOTS),
+            64,
+            path,
+            tp=TensorParallel(rank, size),
+            num_slots=SLOTS,
+        )
         logits = _logits(runner)
         if rank == 0:
             save_file({"logits": logits.contiguous()}, out)
@@ -57,13 +64,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize(("kv_heads", "tied", "backend"),
-                         [(4, False, "torch"), (2, True, "torch"), (1, False, "torch"), (2, False, "triton")])
+@pytest.mark.parametrize(
+    ("kv_heads", "tied", "backend"),
+    [(4, False, "torch"), (2, True, "torch"), (1, False, "torch"), (2, False, "triton")],
+)
 def test_two_ranks_match_one(tmp_path: Path, kv_heads: int, tied: bool, backend: str) -> None:
-    path = make_tiny_model(tmp_path / "model", TinySpec(layers=2, hidden=64, heads=4, kv_heads=kv_heads,
-                                                        intermediate=96, tie_word_embeddings=tied))
-    single = _logits(ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=SLOTS), 64, str(path),
-                                 num_slots=SLOTS))
+    path = make_tiny_model(
+        tmp_path / "model",
+        TinySpec(layers=2, hidden=64, heads=4, kv_heads=kv_heads, intermediate=96, tie_word_embeddings=tied),
+    )
+    single = _logits(
+        ModelRunner(ModelArgs(dtype="float32"), CacheArgs(max_total_tokens=SLOTS), 64, str(path), num_slots=SLOTS)
+    )
     out = tmp_path / "tp2.safetensors"
     mp.start_processes(_rank, args=(2, _free_port(), str(path), str(out), backend), nprocs=2, start_method="spawn")
     split = load_file(out)["logits"]

@@ -48,8 +48,9 @@ def _reference(pool: KVPool, r2t: ReqToTokenPool, batch: ForwardBatch, q, k, v) 
     width = int(pre.max()) if pre.numel() else 0
     table = r2t.table[batch.req_pool_indices, :width]
     indices = table[torch.arange(width)[None, :] < pre[:, None]].to(torch.int64)
-    return extend_attention_ref(q, k, v, pool.k[0], pool.v[0], batch.qo_indptr, kv_indptr, indices,
-                                D**-0.5, int(batch.extend_lens.max()))
+    return extend_attention_ref(
+        q, k, v, pool.k[0], pool.v[0], batch.qo_indptr, kv_indptr, indices, D**-0.5, int(batch.extend_lens.max())
+    )
 
 
 CASES = {

@@ -31,8 +31,15 @@ class Server:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
-                key: str | None = API_KEY, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        raw: bytes | None = None,
+        key: str | None = API_KEY,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, Any]:
         """One HTTP request; returns (status, parsed JSON or text)."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
@@ -55,7 +62,7 @@ class Server:
         assert isinstance(text, str)
         events = [chunk for chunk in text.split("\n\n") if chunk]
         assert all(e.startswith("data: ") for e in events), events
-        return [e[len("data: "):] for e in events]
+        return [e[len("data: ") :] for e in events]
 
 
 def _free_port() -> int:
@@ -67,8 +74,21 @@ def _free_port() -> int:
 def start_server(model_path: str, *extra: str, env: dict[str, str] | None = None) -> Server:
     """`arbor serve` on a free 127.0.0.1 port; `env` adds to the environment (keys, secrets)."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "arbor", "serve", "--model-path", model_path, "--port", str(port),
-           "--dtype", "float32", "--log-level", "warning", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "arbor",
+        "serve",
+        "--model-path",
+        model_path,
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, env={**os.environ, **env} if env else None)
     server = Server("127.0.0.1", port, os.path.basename(model_path), proc)
     deadline = time.monotonic() + 120
@@ -101,8 +121,9 @@ def stop_server(server: Server) -> None:
 
 @pytest.fixture(scope="session")
 def server(tiny_model) -> Iterator[Server]:
-    s = start_server(str(tiny_model("llama")), "--api-key", API_KEY, "--max-body-bytes", "200000",
-                     "--enable-cache-report")
+    s = start_server(
+        str(tiny_model("llama")), "--api-key", API_KEY, "--max-body-bytes", "200000", "--enable-cache-report"
+    )
     yield s
     stop_server(s)
 

@@ -35,14 +35,18 @@ def test_the_chat_splices_only_the_callers_own_answers(tiny_model):
     tok = AutoTokenizer.from_pretrained(tiny_model("llama"))
     chat = ChatTokenizer(tok)
     chat.remember("a remembered answer", [7, 8, 9], tenant="tenant-a")
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a remembered answer"},
-                {"role": "user", "content": "and?"}]
-    as_text = tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
-                         add_special_tokens=False)
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "a remembered answer"},
+        {"role": "user", "content": "and?"},
+    ]
+    as_text = tok.encode(
+        tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )
     assert [7, 8, 9] not in _windows(as_text, 3)
     assert [7, 8, 9] in _windows(chat.encode(messages, tenant="tenant-a"), 3)
     assert chat.encode(messages, tenant="tenant-b") == as_text
 
 
 def _windows(ids: list[int], width: int) -> list[list[int]]:
-    return [ids[i:i + width] for i in range(len(ids) - width + 1)]
+    return [ids[i : i + width] for i in range(len(ids) - width + 1)]

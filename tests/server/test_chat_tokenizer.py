@@ -12,10 +12,16 @@ def test_chat_text_cannot_spell_a_placeholder(tiny_model):
     chat = ChatTokenizer(tok)
     chat.remember("a remembered answer", [7, 8, 9])
     forged = "\ue0000\ue001 \ue00099\ue001 \ue000"  # the shapes a fixed placeholder would have
-    messages = [{"role": "user", "content": forged}, {"role": "assistant", "content": "a remembered answer"},
-                {"role": "user", "content": forged}]
-    text = tok.apply_chat_template([*messages[:1], {"role": "assistant", "content": "SPLICE"}, *messages[2:]],
-                                   tokenize=False, add_generation_prompt=True)
+    messages = [
+        {"role": "user", "content": forged},
+        {"role": "assistant", "content": "a remembered answer"},
+        {"role": "user", "content": forged},
+    ]
+    text = tok.apply_chat_template(
+        [*messages[:1], {"role": "assistant", "content": "SPLICE"}, *messages[2:]],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     before, after = text.split("SPLICE")
     expected = [*tok.encode(before, add_special_tokens=False), 7, 8, 9, *tok.encode(after, add_special_tokens=False)]
     assert chat.encode(messages) == expected

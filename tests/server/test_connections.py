@@ -42,8 +42,10 @@ def test_idle_and_half_sent_header_connections_are_closed(guarded):
 
 def test_a_stalled_body_gets_408(guarded):
     sock = socket.create_connection((guarded.host, guarded.port))
-    sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\n"
-                 b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"text\": ")
+    sock.sendall(
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-key\r\n"
+        b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"text": '
+    )
     sock.settimeout(5)
     reply = b""
     while b"}}" not in reply:

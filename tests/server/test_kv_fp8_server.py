@@ -11,10 +11,13 @@ def test_server_info_reports_the_float8_cache(tiny_model) -> None:
     infos = {}
     for kv in ("auto", "fp8_e4m3"):
         # A budget in bytes (what a fraction of memory would be), so the capacities compare.
-        server = start_server(path, "--kv-cache-dtype", kv, "--kv-cache-memory-fraction", "0.001",
-                              "--max-running-requests", "4096")
+        server = start_server(
+            path, "--kv-cache-dtype", kv, "--kv-cache-memory-fraction", "0.001", "--max-running-requests", "4096"
+        )
         try:
-            status, out = server.request("POST", "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}})
+            status, out = server.request(
+                "POST", "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 4}}
+            )
             assert status == 200 and out["meta_info"]["completion_tokens"] == 4
             infos[kv] = server.request("GET", "/get_server_info")[1]
         finally:

@@ -20,8 +20,11 @@ def test_different_cache_salts_never_share_prefixes(server):
 async def _status_of_stream(server, body: dict) -> tuple[int, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection(server.host, server.port)
     data = json.dumps(body).encode()
-    writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    writer.write(
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     await writer.drain()
     status = int((await reader.readline()).split()[1])
     return status, writer
@@ -29,8 +32,7 @@ async def _status_of_stream(server, body: dict) -> tuple[int, asyncio.StreamWrit
 
 def test_requests_over_the_concurrency_limit_get_429(launch):
     server = launch("--max-concurrent-requests", "2")
-    long = {"input_ids": [1, 2, 3], "stream": True,
-            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+    long = {"input_ids": [1, 2, 3], "stream": True, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
 
     async def run() -> list[int]:
         a, wa = await _status_of_stream(server, long)
@@ -43,8 +45,9 @@ def test_requests_over_the_concurrency_limit_get_429(launch):
 
     assert asyncio.run(run()) == [200, 200, 429]
     for _ in range(50):  # capacity comes back once the disconnected streams are aborted
-        status, payload = server.request("POST", "/generate", {"input_ids": [1, 2], "sampling_params": {
-            "max_new_tokens": 2}}, key=None)
+        status, payload = server.request(
+            "POST", "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}, key=None
+        )
         if status != 429:
             break
         time.sleep(0.1)
@@ -58,8 +61,9 @@ def test_the_api_key_is_in_no_process_command_line(launch, tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text(secret + "\n")
     server = launch("--api-key-file", str(key_file))
-    pids = [server.proc.pid] + [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                                and _parent(p) == server.proc.pid]
+    pids = [server.proc.pid] + [
+        int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == server.proc.pid
+    ]
     assert len(pids) == 3  # the server, the scheduler and the detokenizer
     for pid in pids:
         assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()

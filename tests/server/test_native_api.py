@@ -20,8 +20,14 @@ def test_batch_of_text_and_of_input_ids(server):
 
 
 def test_prefill_only_request_returns_prompt_logprobs(server):
-    body = {"input_ids": list(range(100, 130)), "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
-            "logprob_start_len": 10, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    body = {
+        "input_ids": list(range(100, 130)),
+        "sampling_params": {"max_new_tokens": 0},
+        "return_logprob": True,
+        "logprob_start_len": 10,
+        "top_logprobs_num": 2,
+        "return_text_in_logprobs": True,
+    }
     status, out = server.request("POST", "/generate", body)
     assert status == 200 and out["output_ids"] == [] and out["text"] == ""
     entries = out["meta_info"]["input_token_logprobs"]
@@ -64,8 +70,11 @@ async def _stream_client(server, body: dict, leave_after: int | None) -> int:
     """POST a streaming /generate; read events (or leave after `leave_after`); return events read."""
     reader, writer = await asyncio.open_connection(server.host, server.port)
     data = json.dumps(body).encode()
-    writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: Bearer {server.key}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    writer.write(
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {server.key}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     await writer.drain()
     events = 0
     while True:
@@ -83,15 +92,23 @@ async def _stream_client(server, body: dict, leave_after: int | None) -> int:
 
 
 def test_64_streams_with_20_disconnects(server):
-    body = {"text": "Concurrent streaming", "stream": True,
-            "sampling_params": {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "text": "Concurrent streaming",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True},
+    }
 
     async def run() -> list[int]:
-        return await asyncio.gather(*(
-            _stream_client(server, {**body, "sampling_params": {**body["sampling_params"], "max_new_tokens": 400}}, 3)
-            if i % 16 < 5 else _stream_client(server, body, None)
-            for i in range(64)
-        ))
+        return await asyncio.gather(
+            *(
+                _stream_client(
+                    server, {**body, "sampling_params": {**body["sampling_params"], "max_new_tokens": 400}}, 3
+                )
+                if i % 16 < 5
+                else _stream_client(server, body, None)
+                for i in range(64)
+            )
+        )
 
     counts = asyncio.run(run())
     left = [c for i, c in enumerate(counts) if i % 16 < 5]
@@ -119,27 +136,45 @@ def test_every_sglang_field_at_its_default_is_accepted(server):
 
     from arbor.runtime.server.protocol import GenerateRequest
 
-    body = {f.name: f.default for f in msgspec.structs.fields(GenerateRequest)
-            if f.default is not msgspec.NODEFAULT and f.name not in ("model", "input_ids")}
-    body.update(text="Hello", sampling_params={"max_new_tokens": 2, "skip_special_tokens": True,
-                                                "spaces_between_special_tokens": True, "no_stop_trim": False,
-                                                "stream_interval": None, "logit_bias": None, "ebnf": None})
+    body = {
+        f.name: f.default
+        for f in msgspec.structs.fields(GenerateRequest)
+        if f.default is not msgspec.NODEFAULT and f.name not in ("model", "input_ids")
+    }
+    body.update(
+        text="Hello",
+        sampling_params={
+            "max_new_tokens": 2,
+            "skip_special_tokens": True,
+            "spaces_between_special_tokens": True,
+            "no_stop_trim": False,
+            "stream_interval": None,
+            "logit_bias": None,
+            "ebnf": None,
+        },
+    )
     status, out = server.request("POST", "/generate", body)
     assert status == 200, out
     assert out["meta_info"]["completion_tokens"] == 2
 
 
 def test_stream_interval_batches_stream_events(server):
-    body = {"text": "Hi", "stream": True, "sampling_params": {"max_new_tokens": 9, "stream_interval": 4,
-                                                              "ignore_eos": True}}
+    body = {
+        "text": "Hi",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 9, "stream_interval": 4, "ignore_eos": True},
+    }
     events = [json.loads(e) for e in server.sse("/generate", body)[:-1]]
     assert [e["meta_info"]["completion_tokens"] for e in events] == [4, 8, 9]
 
 
 def test_sampling_seed_is_seed_and_extra_key_separates_caches(server):
     def gen(params: dict, **extra) -> dict:
-        return server.request("POST", "/generate", {"text": "Seeded prompt for the cache", **extra,
-                                                    "sampling_params": {"max_new_tokens": 6, **params}})[1]
+        return server.request(
+            "POST",
+            "/generate",
+            {"text": "Seeded prompt for the cache", **extra, "sampling_params": {"max_new_tokens": 6, **params}},
+        )[1]
 
     assert gen({"sampling_seed": 7})["output_ids"] == gen({"seed": 7})["output_ids"]
     assert gen({}, extra_key="tenant-a")["meta_info"]["cached_tokens"] == 0
@@ -150,16 +185,20 @@ def test_sampling_seed_is_seed_and_extra_key_separates_caches(server):
 def test_cache_hit_rate_counts_admitted_requests_only(launch):
     server = launch()
     for start in (100, 5000, 9000):
-        server.request("POST", "/generate", {"input_ids": list(range(start, start + 64)),
-                                             "sampling_params": {"max_new_tokens": 4}})
+        server.request(
+            "POST", "/generate", {"input_ids": list(range(start, start + 64)), "sampling_params": {"max_new_tokens": 4}}
+        )
     assert server.request("GET", "/get_server_info")[1]["stats"]["cache_hit_rate"] == 0.0
     server.request("POST", "/generate", {"input_ids": list(range(100, 164)), "sampling_params": {"max_new_tokens": 4}})
     assert server.request("GET", "/get_server_info")[1]["stats"]["cache_hit_rate"] == 63 / 256
 
 
 def test_huge_top_k_means_no_top_k_and_the_server_keeps_serving(server):
-    status, out = server.request("POST", "/generate", {"text": "a", "sampling_params": {
-        "top_k": 2**62, "max_new_tokens": 3, "temperature": 1e-7}})
+    status, out = server.request(
+        "POST",
+        "/generate",
+        {"text": "a", "sampling_params": {"top_k": 2**62, "max_new_tokens": 3, "temperature": 1e-7}},
+    )
     assert status == 200 and out["meta_info"]["completion_tokens"] == 3, out
     assert server.request("GET", "/health", key=None)[0] == 200
 
@@ -170,16 +209,25 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(launch):
     status, out = server.request("POST", "/generate", {"text": "word " * 200_000})
     assert status == 400 and "cannot fit the context length of 64 tokens" in out["error"]["message"]
     assert time.perf_counter() - started < 5
-    status, out = server.request("POST", "/v1/chat/completions", {"model": server.model, "messages": [
-        {"role": "user", "content": "word " * 200_000}]})
+    status, out = server.request(
+        "POST",
+        "/v1/chat/completions",
+        {"model": server.model, "messages": [{"role": "user", "content": "word " * 200_000}]},
+    )
     assert status == 400 and "cannot fit" in out["error"]["message"]
 
 
 def test_a_rid_in_flight_cannot_be_taken_by_another_request(server):
     async def scenario() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
-        first = loop.run_in_executor(None, lambda: server.request("POST", "/generate", {
-            "text": "a", "rid": "owned-rid", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
+        first = loop.run_in_executor(
+            None,
+            lambda: server.request(
+                "POST",
+                "/generate",
+                {"text": "a", "rid": "owned-rid", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}},
+            ),
+        )
         await asyncio.sleep(0.5)
         second = server.request("POST", "/generate", {"text": "b", "rid": "owned-rid"})
         return (await first)[0], second
@@ -189,8 +237,13 @@ def test_a_rid_in_flight_cannot_be_taken_by_another_request(server):
 
 
 def _logprob_stream(server, **params) -> list[dict]:
-    body = {"text": "Hi", "stream": True, "return_logprob": True, "top_logprobs_num": 2,
-            "sampling_params": {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0, **params}}
+    body = {
+        "text": "Hi",
+        "stream": True,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "sampling_params": {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0, **params},
+    }
     return [json.loads(e) for e in server.sse("/generate", body)[:-1]]
 
 
@@ -208,9 +261,13 @@ def test_native_streams_are_cumulative_by_default_and_incremental_with_the_flag(
 
 
 def test_a_cumulative_stream_too_heavy_in_logprobs_is_refused_with_the_way_out(server):
-    body = {"text": "Hi", "stream": True, "return_logprob": True, "top_logprobs_num": 20,
-            "sampling_params": {"max_new_tokens": 1000}}
+    body = {
+        "text": "Hi",
+        "stream": True,
+        "return_logprob": True,
+        "top_logprobs_num": 20,
+        "sampling_params": {"max_new_tokens": 1000},
+    }
     status, out = server.request("POST", "/generate", body)
     assert status == 400 and "--incremental-streaming-output" in out["error"]["message"]
     assert len(server.sse("/generate", {**body, "sampling_params": {"max_new_tokens": 8, "stream_interval": 4}})) > 1
-

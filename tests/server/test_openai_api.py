@@ -12,8 +12,9 @@ def test_models_lists_the_served_checkpoint(client, server):
 
 
 def test_chat_completion_and_usage(client, server):
-    resp = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=8, temperature=0)
+    resp = client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
+    )
     choice = resp.choices[0]
     assert choice.message.role == "assistant" and isinstance(choice.message.content, str)
     assert choice.finish_reason in ("stop", "length")
@@ -25,9 +26,16 @@ def test_chat_completion_and_usage(client, server):
 def test_streaming_chat_equals_non_streaming_and_reports_usage(client, server):
     messages = [{"role": "user", "content": "Tell me a story"}]
     full = client.chat.completions.create(model=server.model, messages=messages, max_tokens=16, temperature=0)
-    chunks = list(client.chat.completions.create(model=server.model, messages=messages, max_tokens=16,
-                                                 temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=server.model,
+            messages=messages,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
@@ -37,40 +45,61 @@ def test_streaming_chat_equals_non_streaming_and_reports_usage(client, server):
 
 
 def test_batched_completions_with_n(client, server):
-    resp = client.completions.create(model=server.model, prompt=["Once", "Twice"], max_tokens=5, n=2,
-                                     temperature=1.0, seed=1)
+    resp = client.completions.create(
+        model=server.model, prompt=["Once", "Twice"], max_tokens=5, n=2, temperature=1.0, seed=1
+    )
     assert sorted(c.index for c in resp.choices) == [0, 1, 2, 3]
     assert 4 <= resp.usage.completion_tokens <= 20  # every choice counts, each 1-5 tokens
-    chat = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "x"}],
-                                          max_tokens=4, n=2, temperature=1.0)
+    chat = client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "x"}], max_tokens=4, n=2, temperature=1.0
+    )
     assert [c.index for c in chat.choices] == [0, 1]
 
 
 def test_max_tokens_gives_finish_reason_length(client, server):
-    resp = client.completions.create(model=server.model, prompt="Hello", max_tokens=7, temperature=0,
-                                     extra_body={"ignore_eos": True})
+    resp = client.completions.create(
+        model=server.model, prompt="Hello", max_tokens=7, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert resp.choices[0].finish_reason == "length" and resp.usage.completion_tokens == 7
 
 
 def test_stop_sequence_cuts_the_text(client, server):
-    base = client.completions.create(model=server.model, prompt="Once upon", max_tokens=24, temperature=0,
-                                     extra_body={"ignore_eos": True}).choices[0].text
+    base = (
+        client.completions.create(
+            model=server.model, prompt="Once upon", max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
     stop = base[len(base) // 2 : len(base) // 2 + 3]
-    cut = client.completions.create(model=server.model, prompt="Once upon", max_tokens=24, temperature=0,
-                                    stop=[stop], extra_body={"ignore_eos": True}).choices[0]
+    cut = client.completions.create(
+        model=server.model,
+        prompt="Once upon",
+        max_tokens=24,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    ).choices[0]
     assert cut.text == base[: base.find(stop)] and cut.finish_reason == "stop"
 
 
 def test_logprobs_in_both_apis(client, server):
-    comp = client.completions.create(model=server.model, prompt="Hello", max_tokens=4, temperature=0, logprobs=2,
-                                     extra_body={"ignore_eos": True})
+    comp = client.completions.create(
+        model=server.model, prompt="Hello", max_tokens=4, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
     lp = comp.choices[0].logprobs
     assert len(lp.tokens) == 4 and "".join(lp.tokens) == comp.choices[0].text
     assert all(len(t) <= 2 for t in lp.top_logprobs) and all(x <= 0 for x in lp.token_logprobs)
     assert lp.text_offset[0] == 0
-    chat = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "Hi"}],
-                                          max_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
-                                          extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model=server.model,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     content = chat.choices[0].logprobs.content
     assert len(content) == 4 and all(len(c.top_logprobs) == 3 for c in content)
     assert all(c.top_logprobs[0].logprob >= c.logprob - 1e-6 for c in content)  # greedy picks the top token
@@ -78,8 +107,19 @@ def test_logprobs_in_both_apis(client, server):
 
 def test_seed_reproduces_sampling(client, server):
     def sample(seed):
-        return client.completions.create(model=server.model, prompt="Seeded", max_tokens=12, temperature=1.0,
-                                         seed=seed, extra_body={"ignore_eos": True}).choices[0].text
+        return (
+            client.completions.create(
+                model=server.model,
+                prompt="Seeded",
+                max_tokens=12,
+                temperature=1.0,
+                seed=seed,
+                extra_body={"ignore_eos": True},
+            )
+            .choices[0]
+            .text
+        )
+
     assert sample(7) == sample(7)
     assert len({sample(s) for s in (1, 2, 3)}) > 1
 
@@ -89,8 +129,13 @@ def test_multi_turn_chat_reuses_previous_turns(client, server):
     previous_total = 0
     for turn in range(4):
         messages.append({"role": "user", "content": f"Question number {turn}?"})
-        resp = client.chat.completions.create(model=server.model, messages=messages, max_tokens=12, temperature=0,
-                                              extra_body={"cache_salt": "multi-turn-test"})
+        resp = client.chat.completions.create(
+            model=server.model,
+            messages=messages,
+            max_tokens=12,
+            temperature=0,
+            extra_body={"cache_salt": "multi-turn-test"},
+        )
         if turn:
             # everything of the earlier turns is cached, except the final token of the last answer
             assert resp.usage.prompt_tokens_details.cached_tokens >= previous_total - 1

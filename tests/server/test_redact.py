@@ -11,8 +11,10 @@ from arbor.runtime.server.redact import hide, public
 
 def test_known_directories_read_as_labels_and_source_files_as_names():
     hide("/srv/models/llama-3", "llama-3")
-    text = ("FileNotFoundError: /srv/models/llama-3/model.safetensors; RuntimeError at "
-            f"{Path(__file__).resolve().parents[2]}/kernels/cpu_ops.cpp:120; {sys.prefix}/lib/site.py")
+    text = (
+        "FileNotFoundError: /srv/models/llama-3/model.safetensors; RuntimeError at "
+        f"{Path(__file__).resolve().parents[2]}/kernels/cpu_ops.cpp:120; {sys.prefix}/lib/site.py"
+    )
     assert public(text) == "FileNotFoundError: llama-3/model.safetensors; RuntimeError at cpu_ops.cpp:120; site.py"
 
 

@@ -20,8 +20,14 @@ def _chat(server, c: int, transcript: dict, gaps: list[float]) -> None:
     messages = [{"role": "user", "content": f"Conversation {c} begins with topic {c * 13}."}]
     for turn in range(TURNS):
         text, last = "", time.perf_counter()
-        for chunk in client.chat.completions.create(model=server.model, messages=messages, max_tokens=ANSWER,
-                                                    temperature=0, stream=True, extra_body={"ignore_eos": True}):
+        for chunk in client.chat.completions.create(
+            model=server.model,
+            messages=messages,
+            max_tokens=ANSWER,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        ):
             now = time.perf_counter()
             gaps.append(now - last)
             last = now

@@ -26,9 +26,21 @@ def tenants(tiny_model, tmp_path_factory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("keys")
     (folder / "keys").write_text(f"{A}\n{B}\n")
     (folder / "admin").write_text(f"{ADMIN}\n")
-    server = start_server(str(tiny_model("llama")), "--api-key-file", str(folder / "keys"),
-                          "--admin-api-key-file", str(folder / "admin"), "--metrics-port", str(_free_port()),
-                          "--max-concurrent-requests", "1", "--body-timeout-s", "2", "--body-deadline-s", "3")
+    server = start_server(
+        str(tiny_model("llama")),
+        "--api-key-file",
+        str(folder / "keys"),
+        "--admin-api-key-file",
+        str(folder / "admin"),
+        "--metrics-port",
+        str(_free_port()),
+        "--max-concurrent-requests",
+        "1",
+        "--body-timeout-s",
+        "2",
+        "--body-deadline-s",
+        "3",
+    )
     yield server
     stop_server(server)
 
@@ -39,8 +51,12 @@ def _metrics_port(server: Server) -> int:
 
 
 def _generate(server: Server, key: str, ids: list[int], tokens: int) -> dict:
-    status, body = server.request("POST", "/generate", {"input_ids": ids, "sampling_params": {
-        "max_new_tokens": tokens, "ignore_eos": True}}, key=key)
+    status, body = server.request(
+        "POST",
+        "/generate",
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}},
+        key=key,
+    )
     assert status == 200, body
     return body
 
@@ -93,7 +109,7 @@ def _listening_addresses(port: int) -> set[str]:
             address, hex_port = local.split(":")
             if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
                 raw = bytes.fromhex(address)
-                packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
                 found.add(socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, packed))
     return found
 
@@ -102,9 +118,12 @@ def test_health_generate_needs_a_key_and_a_concurrency_slot(tenants):
     assert tenants.request("GET", "/health_generate", key=None)[0] == 401
     assert tenants.request("GET", "/health_generate", key=A) == (200, {"status": "ok"})
     conn = http.client.HTTPConnection(tenants.host, tenants.port, timeout=60)
-    conn.request("POST", "/generate", body=b'{"input_ids": [1, 2], "stream": true, "sampling_params": '
-                 b'{"max_new_tokens": 1500, "ignore_eos": true}}',
-                 headers={"Authorization": f"Bearer {B}", "Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/generate",
+        body=b'{"input_ids": [1, 2], "stream": true, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": true}}',
+        headers={"Authorization": f"Bearer {B}", "Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     assert resp.status == 200
     resp.readline()  # the stream is running: it holds the one slot
@@ -136,8 +155,10 @@ def test_a_trickled_body_is_cut_off_at_the_total_deadline(tenants):
     """One byte every 0.5 s never stalls past --body-timeout-s (2 s), but the whole body
     passes --body-deadline-s (3 s): 408, and the connection is closed."""
     body = b'{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}' + b" " * 100
-    head = (f"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {A}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {A}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
     with socket.create_connection((tenants.host, tenants.port), timeout=10) as sock:
         sock.sendall(head)
         start = time.monotonic()
@@ -161,8 +182,12 @@ def test_a_trickled_body_is_cut_off_at_the_total_deadline(tenants):
 
 
 def test_error_messages_name_no_source_file_or_directory(tenants):
-    status, body = tenants.request("POST", "/generate", {"text": "a", "sampling_params": {
-        "max_new_tokens": 2, "ebnf": 'root ::= "a" | undefined_rule'}}, key=A)
+    status, body = tenants.request(
+        "POST",
+        "/generate",
+        {"text": "a", "sampling_params": {"max_new_tokens": 2, "ebnf": 'root ::= "a" | undefined_rule'}},
+        key=A,
+    )
     message = body["error"]["message"]
     assert status == 400 and "undefined_rule" in message, body
     assert "/" not in message and ".cc" not in message, message  # xgrammar names its C++ source file

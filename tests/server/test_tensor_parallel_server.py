@@ -22,8 +22,9 @@ def _engine_outputs(path: str, tp: int) -> list[list[int]]:
         again = engine.generate(input_ids=PROMPTS[3], sampling_params=GREEDY)  # a radix-cache hit
         assert again["meta_info"]["cached_tokens"] > 0
         # Grammar masks are applied once, to rank 0's gathered logits.
-        constrained = engine.generate(prompt="Code:", sampling_params={"regex": REGEX, "max_new_tokens": 16,
-                                                                       "temperature": 0})
+        constrained = engine.generate(
+            prompt="Code:", sampling_params={"regex": REGEX, "max_new_tokens": 16, "temperature": 0}
+        )
         assert re.fullmatch(REGEX, constrained["text"])
         return [*batch, again["output_ids"], constrained["output_ids"]]
 
@@ -40,13 +41,17 @@ def test_server_with_two_ranks_matches_one_and_exits_when_a_rank_dies(tiny_model
         server = start_server(path, "--tp-size", str(tp), "--chunked-prefill-size", "16")
         try:
             native = server.request("POST", "/generate", {"input_ids": PROMPTS, "sampling_params": GREEDY})[1]
-            status, chat = server.request("POST", "/v1/completions", {
-                "model": server.model, "prompt": PROMPTS[2], "max_tokens": 16, "temperature": 0})
+            status, chat = server.request(
+                "POST",
+                "/v1/completions",
+                {"model": server.model, "prompt": PROMPTS[2], "max_tokens": 16, "temperature": 0},
+            )
             assert status == 200
             outputs[tp] = ([o["output_ids"] for o in native], chat["choices"][0]["text"])
             if tp == 2:
-                rank1 = subprocess.run(["pgrep", "-P", str(server.proc.pid), "-f", "tp_worker"],
-                                       capture_output=True, text=True).stdout.split()
+                rank1 = subprocess.run(
+                    ["pgrep", "-P", str(server.proc.pid), "-f", "tp_worker"], capture_output=True, text=True
+                ).stdout.split()
                 assert len(rank1) == 1
                 subprocess.run(["kill", "-9", rank1[0]], check=True)
                 deadline = time.monotonic() + 30

@@ -17,15 +17,30 @@ from arbor.runtime.server.tools import ToolPlan, ToolStream
 from tests.server.conftest import start_server, stop_server
 from tests.server.tool_templates import with_tool_template
 
-WEATHER = {"name": "get_weather", "description": "Weather for a city.", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                     "unit": {"enum": ["c", "f"]},
-                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-    "required": ["city", "unit"]}}
-SEARCH = {"name": "search", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 16},
-                                     "limit": {"type": "integer", "minimum": 1, "maximum": 20}},
-    "required": ["query"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "unit": {"enum": ["c", "f"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        },
+        "required": ["city", "unit"],
+    },
+}
+SEARCH = {
+    "name": "search",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "minLength": 1, "maxLength": 16},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 20},
+        },
+        "required": ["query"],
+    },
+}
 TOOLS = [{"type": "function", "function": WEATHER}, {"type": "function", "function": SEARCH}]
 SCHEMAS = {f["name"]: f["parameters"] for f in (WEATHER, SEARCH)}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -48,8 +63,16 @@ def test_required_calls_always_validate_at_temperature_1(tools_client):
     _, client, model = tools_client
     for seed in range(6):
         parallel = seed % 2 == 0
-        out = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, tool_choice="required",
-                                             parallel_tool_calls=parallel, temperature=1, seed=seed, max_tokens=400)
+        out = client.chat.completions.create(
+            model=model,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="required",
+            parallel_tool_calls=parallel,
+            temperature=1,
+            seed=seed,
+            max_tokens=400,
+        )
         choice = out.choices[0]
         assert choice.finish_reason == "tool_calls", choice
         calls = choice.message.tool_calls
@@ -63,8 +86,15 @@ def test_named_function_streamed(tools_client):
     fmt, client, model = tools_client
     pieces = []
     for seed in range(3):
-        args = dict(model=model, messages=ASK, tools=TOOLS, temperature=1, seed=seed, max_tokens=400,
-                    tool_choice={"type": "function", "function": {"name": "search"}})
+        args = dict(
+            model=model,
+            messages=ASK,
+            tools=TOOLS,
+            temperature=1,
+            seed=seed,
+            max_tokens=400,
+            tool_choice={"type": "function", "function": {"name": "search"}},
+        )
         stream = client.chat.completions.create(stream=True, **args)
         calls: dict[int, dict[str, str]] = {}
         content, reasons = "", []
@@ -95,17 +125,26 @@ def test_tool_turns_render_and_auto_answers(tools_client):
     _, client, model = tools_client
     history = [
         *ASK,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function",
-             "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "c"})}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris", "unit": "c"})},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"},
     ]
     out = client.chat.completions.create(model=model, messages=history, tools=TOOLS, max_tokens=24, temperature=0)
     choice = out.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert isinstance(choice.message.content, str) or choice.message.tool_calls
-    none = client.chat.completions.create(model=model, messages=history, tools=TOOLS, tool_choice="none",
-                                          max_tokens=8, temperature=0)
+    none = client.chat.completions.create(
+        model=model, messages=history, tools=TOOLS, tool_choice="none", max_tokens=8, temperature=0
+    )
     assert none.choices[0].message.tool_calls is None
 
 
@@ -114,14 +153,26 @@ def test_template_writes_tool_turns_in_the_family_format(tiny_model, tmp_path):
 
     from arbor.runtime.server.chat import ChatTokenizer
 
-    want = {"qwen25": '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
-            "llama3": '{"name": "f", "parameters": {"a": 1}}', "mistral": '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]',
-            "pythonic": "[f(a=1)]"}
+    want = {
+        "qwen25": '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+        "llama3": '{"name": "f", "parameters": {"a": 1}}',
+        "mistral": '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]',
+        "pythonic": "[f(a=1)]",
+    }
     for fmt, text in want.items():
         path = with_tool_template(tiny_model("llama"), tmp_path / fmt, fmt)
         tok = AutoTokenizer.from_pretrained(path)
-        ids = ChatTokenizer(tok).encode([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}], [TOOLS[0]])
+        ids = ChatTokenizer(tok).encode(
+            [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}],
+                },
+            ],
+            [TOOLS[0]],
+        )
         rendered = tok.decode(ids)
         assert text in rendered and '"get_weather"' in rendered, rendered
         assert PARSERS[fmt]().parse(text)[1][0].arguments == '{"a": 1}'
@@ -130,16 +181,29 @@ def test_template_writes_tool_turns_in_the_family_format(tiny_model, tmp_path):
 # ------------------------------------------------------------------------ parsing
 
 
-@pytest.mark.parametrize(("fmt", "text", "content", "names"), [
-    ("qwen25", 'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
-               '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>', "Let me check.", ["a", "b"]),
-    ("qwen25", "<tool_call>\n{not json}\n</tool_call>", None, []),
-    ("llama3", '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}', "", ["a", "b"]),
-    ("llama3", "{this is prose in braces}", None, []),
-    ("mistral", 'Sure [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]', "Sure", ["a"]),
-    ("pythonic", '[a(x=1, flag=true), b(s="t")]', "", ["a", "b"]),
-    ("pythonic", "[1, 2, 3]", None, []),
-])
+@pytest.mark.parametrize(
+    ("fmt", "text", "content", "names"),
+    [
+        (
+            "qwen25",
+            'Let me check.\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
+            "Let me check.",
+            ["a", "b"],
+        ),
+        ("qwen25", "<tool_call>\n{not json}\n</tool_call>", None, []),
+        (
+            "llama3",
+            '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {}}',
+            "",
+            ["a", "b"],
+        ),
+        ("llama3", "{this is prose in braces}", None, []),
+        ("mistral", 'Sure [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}]', "Sure", ["a"]),
+        ("pythonic", '[a(x=1, flag=true), b(s="t")]', "", ["a", "b"]),
+        ("pythonic", "[1, 2, 3]", None, []),
+    ],
+)
 def test_parsers(fmt, text, content, names):
     got_content, calls = PARSERS[fmt]().parse(text)
     assert [c.name for c in calls] == names
@@ -151,7 +215,7 @@ def test_parsers(fmt, text, content, names):
 ARGS = '{"x": 1, "y": "long {text} here"}'
 WRITTEN = {  # two calls, a(**ARGS) and b(), as each format writes them
     "qwen25": f'<tool_call>\n{{"name": "a", "arguments": {ARGS}}}\n</tool_call>\n'
-              '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"name": "b", "arguments": {}}\n</tool_call>',
     "llama3": f'{{"name": "a", "parameters": {ARGS}}}; {{"name": "b", "parameters": {{}}}}',
     "mistral": f'[TOOL_CALLS] [{{"name": "a", "arguments": {ARGS}}}, {{"name": "b", "arguments": {{}}}}]',
 }
@@ -190,22 +254,29 @@ def test_stream_split_holds_back_a_possible_call():
 # ------------------------------------------------------------------------ refusals
 
 
-@pytest.mark.parametrize(("body", "says"), [
-    ({"tools": TOOLS}, "--tool-call-parser"),
-    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools"),
-    ({"tool_choice": "required"}, "needs tools"),
-    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "function.name"),
-    ({"tools": TOOLS, "tool_choice": "bogus"}, "tool_choice must be"),
-])
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"tools": TOOLS}, "--tool-call-parser"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "not among the tools"),
+        ({"tool_choice": "required"}, "needs tools"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "function.name"),
+        ({"tools": TOOLS, "tool_choice": "bogus"}, "tool_choice must be"),
+    ],
+)
 def test_bad_tool_fields_are_400(server, body, says):
     status, out = server.request("POST", "/v1/chat/completions", {"model": server.model, "messages": ASK, **body})
     assert status == 400 and says in out["error"]["message"], out
 
 
 def test_tool_turn_needs_its_call_id_and_none_works_without_a_parser(server, client):
-    status, out = server.request("POST", "/v1/chat/completions", {"model": server.model, "messages": [
-        *ASK, {"role": "tool", "content": "18 degrees"}]})
+    status, out = server.request(
+        "POST",
+        "/v1/chat/completions",
+        {"model": server.model, "messages": [*ASK, {"role": "tool", "content": "18 degrees"}]},
+    )
     assert status == 400 and "tool_call_id" in out["error"]["message"], out
-    reply = client.chat.completions.create(model=server.model, messages=ASK, tools=TOOLS, tool_choice="none",
-                                           max_tokens=4)
+    reply = client.chat.completions.create(
+        model=server.model, messages=ASK, tools=TOOLS, tool_choice="none", max_tokens=4
+    )
     assert reply.choices[0].message.tool_calls is None

@@ -10,15 +10,15 @@ from pathlib import Path
 
 _ARGS = "c.function.arguments | tojson"
 CALLS = {
-    "qwen25": "{% for c in m.tool_calls %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": "
-              "{{ " + _ARGS + " }}}\n</tool_call>{% endfor %}",
-    "llama3": "{% for c in m.tool_calls %}{% if not loop.first %}; {% endif %}{\"name\": \"{{ c.function.name }}\", "
-              "\"parameters\": {{ " + _ARGS + " }}}{% endfor %}",
-    "mistral": "[TOOL_CALLS] [{% for c in m.tool_calls %}{% if not loop.first %}, {% endif %}{\"name\": "
-               "\"{{ c.function.name }}\", \"arguments\": {{ " + _ARGS + " }}}{% endfor %}]",
+    "qwen25": '{% for c in m.tool_calls %}<tool_call>\n{"name": "{{ c.function.name }}", "arguments": '
+    "{{ " + _ARGS + " }}}\n</tool_call>{% endfor %}",
+    "llama3": '{% for c in m.tool_calls %}{% if not loop.first %}; {% endif %}{"name": "{{ c.function.name }}", '
+    '"parameters": {{ ' + _ARGS + " }}}{% endfor %}",
+    "mistral": '[TOOL_CALLS] [{% for c in m.tool_calls %}{% if not loop.first %}, {% endif %}{"name": '
+    '"{{ c.function.name }}", "arguments": {{ ' + _ARGS + " }}}{% endfor %}]",
     "pythonic": "[{% for c in m.tool_calls %}{% if not loop.first %}, {% endif %}{{ c.function.name }}("
-                "{% for k, v in c.function.arguments.items() %}{% if not loop.first %}, {% endif %}"
-                "{{ k }}={{ v | tojson }}{% endfor %}){% endfor %}]",
+    "{% for k, v in c.function.arguments.items() %}{% if not loop.first %}, {% endif %}"
+    "{{ k }}={{ v | tojson }}{% endfor %}){% endfor %}]",
 }
 
 
@@ -29,7 +29,8 @@ def template(fmt: str) -> str:
         "{% for m in messages %}"
         "{% if m.role == 'tool' %}<|tool|>\n{{ m.content }}<|endoftext|>\n"
         "{% elif m.role == 'assistant' and m.tool_calls %}<|assistant|>\n{{ m.content or '' }}"
-        + CALLS[fmt] + "<|endoftext|>\n"
+        + CALLS[fmt]
+        + "<|endoftext|>\n"
         "{% else %}<|{{ m.role }}|>\n{{ m.content }}<|endoftext|>\n{% endif %}"
         "{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"

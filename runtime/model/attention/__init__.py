@@ -22,9 +22,7 @@ def resolve_backend(name: str, device_type: str) -> str:
     return name
 
 
-def create_backend(
-    name: str, kv_pool: KVPool, req_to_token: ReqToTokenPool, scale: float
-) -> AttentionBackend:
+def create_backend(name: str, kv_pool: KVPool, req_to_token: ReqToTokenPool, scale: float) -> AttentionBackend:
     """Instantiate backend `name` ("auto" resolved for the pool's device). Imported on use, so
     the torch path never loads Triton."""
     module, cls = BACKENDS[resolve_backend(name, kv_pool.k[0].device.type)].split(":")

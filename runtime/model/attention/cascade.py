@@ -84,9 +84,7 @@ def attend_with_lse(
     return out, lse
 
 
-def attend_prefix(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+def attend_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Every query q [n, Hq, D] against all of one prefix's k/v [P, Hkv, D] (no mask): output
     [n, Hq, D] and log-sum-exp [n, Hq], float32. On CPUs this is torch's flash-attention
     kernel, which returns the log-sum-exp; elsewhere `attend_with_lse`."""
@@ -100,7 +98,8 @@ def attend_prefix(
     # against that head's keys, with no copy of K/V per query head.
     qf = q.view(n, hkv, hq // hkv, d).transpose(0, 1).reshape(1, hkv, -1, d)
     o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        qf, k.to(q.dtype).transpose(0, 1)[None], v.to(q.dtype).transpose(0, 1)[None], scale=scale)
+        qf, k.to(q.dtype).transpose(0, 1)[None], v.to(q.dtype).transpose(0, 1)[None], scale=scale
+    )
     o = o[0].view(hkv, n, hq // hkv, d).transpose(0, 1).reshape(n, hq, d)
     return o.float(), lse[0].view(hkv, n, hq // hkv).transpose(0, 1).reshape(n, hq)
 

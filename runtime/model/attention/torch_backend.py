@@ -75,8 +75,11 @@ class TorchAttnBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self.page_size = self.req_to_token.page_size
         self.shared = find_shared_prefixes(batch, self.req_to_token.table, self.page_size)
-        if self.ops is not None and not self.shared and (
-                batch.mode is ForwardMode.DECODE or int(batch.extend_lens.max()) < SDPA_MIN_Q):
+        if (
+            self.ops is not None
+            and not self.shared
+            and (batch.mode is ForwardMode.DECODE or int(batch.extend_lens.max()) < SDPA_MIN_Q)
+        ):
             self._plan_short(batch)
             return
         start = torch.zeros_like(batch.seq_lens)
@@ -90,8 +93,11 @@ class TorchAttnBackend(AttentionBackend):
             rest = torch.nonzero(~short).flatten()
         count = max(1, min(GROUPS, rest.numel() // GROUP_MIN))
         order = rest[torch.argsort((batch.seq_lens - start)[rest], stable=True)]
-        self.groups = [self._group(batch, rows, start[rows], bool((start[rows] > 0).any()))
-                       for rows in torch.tensor_split(order, count) if rows.numel()]
+        self.groups = [
+            self._group(batch, rows, start[rows], bool((start[rows] > 0).any()))
+            for rows in torch.tensor_split(order, count)
+            if rows.numel()
+        ]
         # Tokens attended in float32 (the kernel, the lse path) join SDPA's output at the end.
         exact = [g.tokens for g in self.groups if not g.use_sdpa]
         exact += [self.kernel.tokens] if self.kernel is not None else []
@@ -105,15 +111,25 @@ class TorchAttnBackend(AttentionBackend):
         """Short queries and no shared prefix (decode, a speculative verify step, a draft's
         catch-up): every token to the kernel from position 0, nothing to pad or merge."""
         rows = torch.arange(batch.input_ids.numel(), device=batch.seq_lens.device)
-        self.kernel = _KernelRows(rows, batch.req_pool_indices, torch.zeros_like(batch.seq_lens), batch.seq_lens,
-                                  batch.qo_indptr.to(torch.int64))
+        self.kernel = _KernelRows(
+            rows,
+            batch.req_pool_indices,
+            torch.zeros_like(batch.seq_lens),
+            batch.seq_lens,
+            batch.qo_indptr.to(torch.int64),
+        )
         self.groups, self.any_sdpa, self.kernel_all, self.exact_tokens = [], False, True, rows
 
     def _kernel_rows(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor) -> _KernelRows:
         ext = batch.extend_lens[rows]
         tokens = ragged_arange(batch.qo_indptr[rows], ext)
-        return _KernelRows(tokens, batch.req_pool_indices[rows].contiguous(), start[rows].contiguous(),
-                           batch.seq_lens[rows].contiguous(), indptr(ext, torch.int64))
+        return _KernelRows(
+            tokens,
+            batch.req_pool_indices[rows].contiguous(),
+            start[rows].contiguous(),
+            batch.seq_lens[rows].contiguous(),
+            indptr(ext, torch.int64),
+        )
 
     def _group(self, batch: ForwardBatch, rows: torch.Tensor, start: torch.Tensor, shared: bool) -> _Group:
         dev, ps = rows.device, self.page_size
@@ -146,7 +162,9 @@ class TorchAttnBackend(AttentionBackend):
         # Padding query rows see their first key instead of nothing, so softmax has no
         # all-masked row (NaN); their outputs are dropped.
         allowed[:, :, 0] = True
-        return torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))[:, :, None]
+        return torch.zeros(allowed.shape, dtype=torch.float32, device=dev).masked_fill_(~allowed, float("-inf"))[
+            :, :, None
+        ]
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, batch: ForwardBatch
@@ -176,8 +194,13 @@ class TorchAttnBackend(AttentionBackend):
                 # Fresh prompts are right-padded, so plain causal masking is exact for real rows.
                 mask = None if g.fresh else g.bias.squeeze(2)[:, None].to(q.dtype)
                 o = F.scaled_dot_product_attention(
-                    q_pad.transpose(1, 2), k_own.transpose(1, 2).to(q.dtype), v_own.transpose(1, 2).to(q.dtype),
-                    attn_mask=mask, is_causal=g.fresh, scale=self.scale, enable_gqa=True,
+                    q_pad.transpose(1, 2),
+                    k_own.transpose(1, 2).to(q.dtype),
+                    v_own.transpose(1, 2).to(q.dtype),
+                    attn_mask=mask,
+                    is_causal=g.fresh,
+                    scale=self.scale,
+                    enable_gqa=True,
                 ).transpose(1, 2)
                 assert final is not None  # allocated when any group uses SDPA
                 final.index_copy_(0, g.tokens, o.flatten(0, 1).index_select(0, g.padded))
@@ -196,21 +219,36 @@ class TorchAttnBackend(AttentionBackend):
 
     def _pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's K and V pools as pages [pages, page_size, Hkv, D]."""
-        return (self.kv_pool.k[layer].unflatten(0, (-1, self.page_size)),
-                self.kv_pool.v[layer].unflatten(0, (-1, self.page_size)))
+        return (
+            self.kv_pool.k[layer].unflatten(0, (-1, self.page_size)),
+            self.kv_pool.v[layer].unflatten(0, (-1, self.page_size)),
+        )
 
-    def _kernel_attend(self, q: torch.Tensor, layer: int, prior: tuple[torch.Tensor, torch.Tensor] | None
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _kernel_attend(
+        self, q: torch.Tensor, layer: int, prior: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The kernel rows' attention (output and lse, float32), starting from `prior` (their
         shared prefix's part) where given; q holds just their tokens."""
         kr = self.kernel
         assert kr is not None and self.ops is not None  # called only when this batch has kernel rows
         po, pl = (None, None) if prior is None else (prior[0].contiguous(), prior[1].contiguous())
-        return self.ops.paged_attention(q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table,
-                                        kr.req_rows, kr.kv_start, kr.seq_lens, kr.qo_indptr, self.scale, po, pl)
+        return self.ops.paged_attention(
+            q,
+            self.kv_pool.k[layer],
+            self.kv_pool.v[layer],
+            self.req_to_token.table,
+            kr.req_rows,
+            kr.kv_start,
+            kr.seq_lens,
+            kr.qo_indptr,
+            self.scale,
+            po,
+            pl,
+        )
 
-    def _shared_part(self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _shared_part(
+        self, q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's attention to its group's shared prefix, all the group's new tokens at
         once: output [T, Hq, D] and lse [T, Hq] (-inf for tokens in no group), float32."""
         if len(self.shared) == 1 and self.shared[0].tokens.numel() == q.shape[0]:  # every token, in order
@@ -218,13 +256,15 @@ class TorchAttnBackend(AttentionBackend):
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float32, device=q.device)
         for sp in self.shared:
-            out[sp.tokens], lse[sp.tokens] = attend_prefix(q[sp.tokens], *self._prefix_kv(sp, k_pages, v_pages, q.dtype),
-                                                           self.scale)
+            out[sp.tokens], lse[sp.tokens] = attend_prefix(
+                q[sp.tokens], *self._prefix_kv(sp, k_pages, v_pages, q.dtype), self.scale
+            )
         return out, lse
 
     @staticmethod
-    def _prefix_kv(sp: SharedPrefix, k_pages: torch.Tensor, v_pages: torch.Tensor, dtype: torch.dtype
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefix_kv(
+        sp: SharedPrefix, k_pages: torch.Tensor, v_pages: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefix's K and V [P, Hkv, D] in `dtype`: a view when its pages are consecutive
         (and the pool holds `dtype`), else gathered."""
         pages = slice(sp.first_page, sp.first_page + sp.pages.numel()) if sp.first_page >= 0 else sp.pages

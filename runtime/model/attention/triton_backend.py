@@ -35,8 +35,10 @@ class TritonAttnBackend(AttentionBackend):
     def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool, scale: float) -> None:
         device = kv_pool.k[0].device
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("the triton attention backend needs a CUDA GPU (on a CPU it runs only under "
-                             "TRITON_INTERPRET=1, slowly); use --attention-backend torch")
+            raise ValueError(
+                "the triton attention backend needs a CUDA GPU (on a CPU it runs only under "
+                "TRITON_INTERPRET=1, slowly); use --attention-backend torch"
+            )
         super().__init__(kv_pool, req_to_token, scale)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
@@ -59,6 +61,7 @@ class TritonAttnBackend(AttentionBackend):
         if m.decode:
             out = decode_attention_triton(q, pool_k, pool_v, m.kv_indptr, m.kv_indices, self.scale, m.splits)
         else:
-            out = extend_attention_triton(q, k, v, pool_k, pool_v, batch.qo_indptr, m.kv_indptr, m.kv_indices,
-                                          self.scale, m.max_extend)
+            out = extend_attention_triton(
+                q, k, v, pool_k, pool_v, batch.qo_indptr, m.kv_indptr, m.kv_indices, self.scale, m.max_extend
+            )
         return out.reshape(q.shape[0], -1)

@@ -61,7 +61,7 @@ class ParallelLinear(LinearLayer):
         """Copy `tensor` into the rows of `param` that shard `shard_id` fills."""
         for part, lo, rows in self.output_shards():
             if part == shard_id:
-                return copy_checked(self.parameter(param)[lo:lo + rows], tensor)
+                return copy_checked(self.parameter(param)[lo : lo + rows], tensor)
         raise CheckpointError(f"{type(self).__name__} fuses no part {shard_id!r}")
 
     def expected_weights(self) -> set[tuple[str, ShardId]]:
@@ -105,8 +105,9 @@ class QKVParallelLinear(ParallelLinear):
     `num_heads / size` query heads and the KV heads they read (parallel.py: fewer KV heads than
     ranks are replicated)."""
 
-    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
-                 tp: TensorParallel) -> None:
+    def __init__(
+        self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool, tp: TensorParallel
+    ) -> None:
         self.head_dim = head_dim
         self.num_heads, self.num_kv_heads = num_heads // tp.size, tp.kv_heads(num_kv_heads)
         self.kv_head_start = tp.kv_head_start(num_kv_heads)

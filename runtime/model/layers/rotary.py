@@ -32,9 +32,7 @@ class RotaryEmbedding(nn.Module):
             self._tables[device] = (emb.cos().to(device), emb.sin().to(device))
         return self._tables[device]
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T] int. Rotates in place."""
         cos, sin = self._table(positions.device)
         return self.kernel(positions, q, k, cos, sin)

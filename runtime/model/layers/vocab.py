@@ -89,6 +89,6 @@ def vocab_slice(tp: TensorParallel, lo: int, hi: int) -> Part | None:
 def load_vocab_rows(dest: torch.Tensor, tensor: torch.Tensor) -> None:
     """dest <- tensor; the last rank's slice is shorter than its rows, and the rest are zeros."""
     if tensor.shape[0] < dest.shape[0]:
-        dest[tensor.shape[0]:].zero_()
-        dest = dest[:tensor.shape[0]]
+        dest[tensor.shape[0] :].zero_()
+        dest = dest[: tensor.shape[0]]
     copy_checked(dest, tensor)

@@ -35,8 +35,9 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, rotary: RotaryEmbedding, tp: TensorParallel) -> None:
         super().__init__()
         self.layer = layer
-        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
-                                          cfg.qkv_bias, tp)
+        self.qkv_proj = QKVParallelLinear(
+            cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.qkv_bias, tp
+        )
         self.nq, self.nkv, self.hd = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, cfg.head_dim
         self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, tp)
         self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -81,8 +82,12 @@ class LlamaForCausalLM(CausalLM):
     """Embedding, decoder layers, final norm and LM head."""
 
     packed_modules_mapping: ClassVar[dict[str, tuple[str, ShardId]]] = {
-        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__(cfg, tp)
@@ -90,8 +95,11 @@ class LlamaForCausalLM(CausalLM):
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = (TiedLMHead(self.embed_tokens) if cfg.tie_word_embeddings
-                        else ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp))
+        self.lm_head = (
+            TiedLMHead(self.embed_tokens)
+            if cfg.tie_word_embeddings
+            else ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
+        )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed_tokens(batch.input_ids)

@@ -21,12 +21,20 @@ def quantize_linears(model: CausalLM, qc: QuantConfig) -> int:
         if schemes == {None}:
             continue
         if len(schemes) > 1:
-            raise CheckpointError(f"{name}: the layers fused into it ({', '.join(p[0] for p in parts)}) are "
-                                  "quantized differently; Arbor fuses them, so they must match")
+            raise CheckpointError(
+                f"{name}: the layers fused into it ({', '.join(p[0] for p in parts)}) are "
+                "quantized differently; Arbor fuses them, so they must match"
+            )
         scheme = schemes.pop()
         assert scheme is not None
-        swaps.append((name, QuantLinear(layer.in_features, layer.out_features, layer.bias is not None, scheme,
-                                        layer.output_shards())))
+        swaps.append(
+            (
+                name,
+                QuantLinear(
+                    layer.in_features, layer.out_features, layer.bias is not None, scheme, layer.output_shards()
+                ),
+            )
+        )
     for name, quantized in swaps:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, quantized)

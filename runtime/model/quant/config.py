@@ -81,20 +81,29 @@ def parse(raw: dict[str, Any], where: str) -> QuantConfig | None:
     if method == "gptq":
         return _gptq(qc, where)
     if method != "compressed-tensors":
-        raise CheckpointError(f"{where}: quantization method {method!r} is not supported (Arbor loads "
-                              "compressed-tensors checkpoints, as llmcompressor writes them, AutoAWQ's GEMM layout "
-                              "and GPTQ's)")
+        raise CheckpointError(
+            f"{where}: quantization method {method!r} is not supported (Arbor loads "
+            "compressed-tensors checkpoints, as llmcompressor writes them, AutoAWQ's GEMM layout "
+            "and GPTQ's)"
+        )
     for key in ("sparsity_config", "transform_config"):
         if qc.get(key):
             raise CheckpointError(f"{where}: compressed-tensors {key} is not supported (dense weights only)")
     if qc.get("kv_cache_scheme"):
-        raise CheckpointError(f"{where}: a kv_cache_scheme in the checkpoint is not supported; "
-                              "use --kv-cache-dtype fp8_e4m3 for a float8 KV cache")
+        raise CheckpointError(
+            f"{where}: a kv_cache_scheme in the checkpoint is not supported; "
+            "use --kv-cache-dtype fp8_e4m3 for a float8 KV cache"
+        )
     groups = []
     for name, group in (qc.get("config_groups") or {}).items():
         fmt = group.get("format") or qc.get("format")
-        scheme = _scheme(f"{where}: config group {name!r}", fmt, group.get("weights"), group.get("input_activations"),
-                         group.get("output_activations"))
+        scheme = _scheme(
+            f"{where}: config group {name!r}",
+            fmt,
+            group.get("weights"),
+            group.get("input_activations"),
+            group.get("output_activations"),
+        )
         groups.append((tuple(group.get("targets") or ()), scheme))
     if not groups:
         raise CheckpointError(f"{where}: quantization_config has no config_groups")
@@ -104,8 +113,10 @@ def parse(raw: dict[str, Any], where: str) -> QuantConfig | None:
 def _awq(qc: dict[str, Any], where: str) -> QuantConfig:
     version, bits = str(qc.get("version", "gemm")).lower(), int(qc.get("bits", qc.get("w_bit", 0)))
     if version != "gemm" or bits != 4:
-        raise CheckpointError(f"{where}: AWQ version {version!r} with {bits}-bit weights is not supported "
-                              "(AutoAWQ's GEMM layout, 4-bit, is)")
+        raise CheckpointError(
+            f"{where}: AWQ version {version!r} with {bits}-bit weights is not supported "
+            "(AutoAWQ's GEMM layout, 4-bit, is)"
+        )
     scheme = WeightScheme(AWQ_GEMM, 4, "int", not qc.get("zero_point", True), int(qc["group_size"]), None)
     return QuantConfig(((("Linear",), scheme),), ("lm_head", *(qc.get("modules_to_not_convert") or ())))
 

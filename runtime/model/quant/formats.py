@@ -82,14 +82,17 @@ def _decode_awq(tensors: dict[str, torch.Tensor], shape: tuple[int, int], group:
     q = unpack_awq(tensors["qweight"]).T.contiguous()  # [out, in], 0..15
     scale = tensors["scales"].float().T.contiguous()  # [out, groups]
     if tuple(q.shape) != shape or cols % group or tuple(scale.shape) != (out, cols // group):
-        raise CheckpointError(f"{where}: AWQ weight {tuple(q.shape)} with scales {tuple(scale.shape)} does not fit "
-                              f"{shape} in groups of {group}")
+        raise CheckpointError(
+            f"{where}: AWQ weight {tuple(q.shape)} with scales {tuple(scale.shape)} does not fit "
+            f"{shape} in groups of {group}"
+        )
     zero = unpack_awq(tensors["qzeros"]).T.contiguous() - 8 if "qzeros" in tensors else None
     return IntWeight((q - 8).contiguous(), scale, zero, group, 4)  # signed, as the other formats
 
 
-def _decode_gptq(tensors: dict[str, torch.Tensor], shape: tuple[int, int], scheme: WeightScheme,
-                 where: str) -> IntWeight:
+def _decode_gptq(
+    tensors: dict[str, torch.Tensor], shape: tuple[int, int], scheme: WeightScheme, where: str
+) -> IntWeight:
     out, cols = shape
     for key in ("qweight", "qzeros", "scales"):
         if key not in tensors:
@@ -100,8 +103,10 @@ def _decode_gptq(tensors: dict[str, torch.Tensor], shape: tuple[int, int], schem
     zero = _fields(tensors["qzeros"], bits)[:, :out].T.contiguous() + (scheme.format == GPTQ_V1)
     groups = scale.shape[1]
     if tuple(q.shape) != shape or groups == 0 or cols % groups or tuple(zero.shape) != (out, groups):
-        raise CheckpointError(f"{where}: GPTQ weight {tuple(q.shape)} with scales {tuple(scale.shape)} and zeros "
-                              f"{tuple(zero.shape)} does not fit {shape}")
+        raise CheckpointError(
+            f"{where}: GPTQ weight {tuple(q.shape)} with scales {tuple(scale.shape)} and zeros "
+            f"{tuple(zero.shape)} does not fit {shape}"
+        )
     group = cols // groups
     perm, g_idx = None, tensors.get("g_idx")
     in_order = torch.arange(cols, device=q.device) // group  # each column's group without act-order
@@ -113,8 +118,9 @@ def _decode_gptq(tensors: dict[str, torch.Tensor], shape: tuple[int, int], schem
     return IntWeight((q - half).to(torch.int8).contiguous(), scale, zero - half, group, bits, perm)
 
 
-def decode(scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[int, int], where: str
-           ) -> IntWeight | FloatWeight:
+def decode(
+    scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[int, int], where: str
+) -> IntWeight | FloatWeight:
     """One linear layer's tensors (keyed by suffix: "weight_packed", ...) in their decoded form."""
     out, cols = shape
 
@@ -150,8 +156,10 @@ def decode(scheme: WeightScheme, tensors: dict[str, torch.Tensor], shape: tuple[
         zero = None if scheme.symmetric else need("weight_zero_point").to(torch.int8)
     group = scheme.group_size or cols
     if tuple(q.shape) != shape or cols % group or tuple(scale.shape) != (out, cols // group):
-        raise CheckpointError(f"{where}: weight {tuple(q.shape)} with scales {tuple(scale.shape)} does not fit "
-                              f"{shape} in groups of {group}")
+        raise CheckpointError(
+            f"{where}: weight {tuple(q.shape)} with scales {tuple(scale.shape)} does not fit "
+            f"{shape} in groups of {group}"
+        )
     if zero is not None:
         zero = zero.reshape(scale.shape)
     return IntWeight(q.contiguous(), scale.contiguous(), zero, group, scheme.bits)
@@ -176,7 +184,10 @@ def concat(parts: list[IntWeight | FloatWeight]) -> IntWeight | FloatWeight:
     zero = torch.cat(zeros) if zeros else None
     first = ints[0]
     if not all(_same_order(p.perm, first.perm) for p in ints):
-        raise CheckpointError("the act-order layers fused into one (q/k/v or gate/up) order their columns "
-                              "differently; Arbor fuses them, so their g_idx must match")
-    return IntWeight(torch.cat([p.q for p in ints]), torch.cat([p.scale for p in ints]), zero, first.group,
-                     first.bits, first.perm)
+        raise CheckpointError(
+            "the act-order layers fused into one (q/k/v or gate/up) order their columns "
+            "differently; Arbor fuses them, so their g_idx must match"
+        )
+    return IntWeight(
+        torch.cat([p.q for p in ints]), torch.cat([p.scale for p in ints]), zero, first.group, first.bits, first.perm
+    )

@@ -66,8 +66,9 @@ class QuantWeight:
         if cols % 32:
             raise CheckpointError(f"int4 weights need rows of a multiple of 32 values, not {cols}")
         u = (w.q + 8).to(torch.uint8).view(out, cols // 32, 2, 16)  # blocks of 32: codes j and j + 16 share a byte
-        return cls((u[:, :, 0] | (u[:, :, 1] << 4)).reshape(out, cols // 2), w.scale, zero + 8, cols, w.group, INT4,
-                   w.perm)
+        return cls(
+            (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(out, cols // 2), w.scale, zero + 8, cols, w.group, INT4, w.perm
+        )
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.zero))
@@ -79,6 +80,7 @@ class QuantWeight:
             return w
         return torch.empty_like(w).index_copy_(1, self.perm, w)
 
+
 class QuantLinear(LinearLayer):
     """A linear layer whose weight arrives quantized, possibly in parts (fused q/k/v or
     gate/up): `weight_loader` stages each checkpoint tensor (its bias loads at once), and
@@ -86,8 +88,14 @@ class QuantLinear(LinearLayer):
 
     weight: QuantWeight  # the parts fused, once `finish_loading` has decoded them
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, scheme: WeightScheme,
-                 parts: list[tuple[ShardId, int, int]]) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        scheme: WeightScheme,
+        parts: list[tuple[ShardId, int, int]],
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
         self.parts = parts  # (shard id, first row, rows) of each checkpoint layer fused into this one
@@ -109,7 +117,7 @@ class QuantLinear(LinearLayer):
             self.staged.setdefault(shard_id, {})[param] = tensor
         elif self.bias is not None:
             _, lo, rows = part
-            copy_checked(self.bias.data[lo:lo + rows], tensor)
+            copy_checked(self.bias.data[lo : lo + rows], tensor)
         elif tensor.any():  # GPTQ writers give every quantized layer a bias, zero where the model has none
             raise CheckpointError("has no place in QuantLinear (a nonzero bias for a layer without one)")
 
@@ -121,8 +129,14 @@ class QuantLinear(LinearLayer):
         missing = [lo for shard_id, lo, _ in self.parts if shard_id not in self.staged]
         if missing:
             raise CheckpointError(f"{where}: the checkpoint lacks quantized weights for rows {missing[0]}...")
-        self.weight = QuantWeight.of(concat([decode(self.scheme, self.staged[shard_id], (rows, self.in_features),
-                                                    f"{where}[{lo}:]") for shard_id, lo, rows in self.parts]))
+        self.weight = QuantWeight.of(
+            concat(
+                [
+                    decode(self.scheme, self.staged[shard_id], (rows, self.in_features), f"{where}[{lo}:]")
+                    for shard_id, lo, rows in self.parts
+                ]
+            )
+        )
         self.staged.clear()
         self.ops = cpu_ops.load() if self.weight.codes.device.type == "cpu" else None
         if self.weight.codes.shape[0] * self.weight.cols >= LARGE_WEIGHT:

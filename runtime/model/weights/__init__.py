@@ -16,9 +16,7 @@ def open_weights(path: str | Path, load_format: str = "auto") -> WeightSource:
     path = Path(path)
     if load_format != "auto":
         if load_format not in WEIGHT_SOURCES:
-            raise CheckpointError(
-                f"unknown load format {load_format!r}; choose auto or {', '.join(WEIGHT_SOURCES)}"
-            )
+            raise CheckpointError(f"unknown load format {load_format!r}; choose auto or {', '.join(WEIGHT_SOURCES)}")
         return WEIGHT_SOURCES[load_format](path)
     for source in WEIGHT_SOURCES.values():
         if source.holds(path):

@@ -35,9 +35,7 @@ class WeightSource(ABC):
         """Whether `path` holds a checkpoint in this format (what --load-format auto asks)."""
 
     @abstractmethod
-    def tensors(
-        self, device: torch.device, shard: Shard | None = None
-    ) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, device: torch.device, shard: Shard | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Every (HF name, tensor) pair of the checkpoint, cut by `shard` (see the class)."""
 
 

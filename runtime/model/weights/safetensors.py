@@ -29,9 +29,7 @@ class SafetensorsSource(WeightSource):
     def holds(cls, path: Path) -> bool:
         return (path / INDEX).exists() or (path / SINGLE).exists()
 
-    def tensors(
-        self, device: torch.device, shard: Shard | None = None
-    ) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, device: torch.device, shard: Shard | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         from safetensors import SafetensorError, safe_open
 
         for f in self.files:
