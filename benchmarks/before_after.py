@@ -1,5 +1,6 @@
 """Two revisions of Arbor, interleaved: `bench_offline.py --sections peers --systems arbor` and
-`profile_step.py`, run round by round on the old tree and the new one, so machine noise hits both.
+`profile_step.py`, run round by round on the old tree and the new one (the order flips each round), so
+machine noise hits both.
 
 Each revision runs from its own git worktree (`git worktree add`, under a temporary folder)
 with that tree first on PYTHONPATH as `arbor`, so the child processes it spawns import the same
@@ -90,7 +91,8 @@ def main() -> None:
             for tree in sides.values():
                 build_kernels(tree)
             for i in range(args.rounds):
-                for side, tree in sides.items():
+                order = list(sides.items()) if i % 2 == 0 else list(sides.items())[::-1]  # no side always goes first
+                for side, tree in order:
                     print(f"\n== round {i + 1}/{args.rounds}: {side}", flush=True)
                     for key, value in measure(tree, args.repeats, args.batches).items():
                         rows[side].setdefault(key, []).append(value)
